@@ -1,0 +1,334 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Packed microbatches: samples of different lengths in one THD sequence per module.
+
+The LLM sees the microbatch's samples back to back, each attending only to itself (causal);
+each encoder sees the microbatch's units back to back, each attending only to itself. Every
+index a module needs (where an item's encoder outputs go in the LLM sequence, which encoder
+tokens pool into which LLM token) is derived from sample metadata alone, so all ranks agree on
+shapes without exchanging them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from megatron.core.packed_seq_params import PackedSeqParams
+from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+
+PLACEHOLDER_TOKEN = 0
+"""Token id at item positions and padding; its embedding is replaced or masked."""
+
+
+@dataclass(frozen=True)
+class ItemSpan:
+    """Where one item sits in its sample's LLM sequence."""
+
+    modality: str
+    """"image", "audio" or "video"."""
+
+    index: int
+    """Index of the item among the sample's items of that modality."""
+
+    start: int
+    """First LLM position of the item."""
+
+    length: int
+    """LLM positions of the item."""
+
+
+def sample_layout(meta: SampleMeta) -> tuple[list[ItemSpan], list[tuple[int, int]]]:
+    """Where items and text sit in a sample's LLM sequence.
+
+    Text is split evenly into ``n_items + 1`` runs around the items (the remainder goes to the
+    last run): ``text_0, item_0, text_1, item_1, ..., text_n``.
+
+    Returns:
+        The item spans in sequence order, and the ``(start, length)`` text runs.
+    """
+    items = [(m, i, item) for m in MODALITIES for i, item in enumerate(meta.items(m))]
+    runs = len(items) + 1
+    base = meta.text_tokens // runs
+    lengths = [base] * runs
+    lengths[-1] += meta.text_tokens - base * runs
+    spans, text, pos = [], [], 0
+    for r in range(runs):
+        text.append((pos, lengths[r]))
+        pos += lengths[r]
+        if r < len(items):
+            m, i, item = items[r]
+            spans.append(ItemSpan(m, i, pos, item.llm_tokens))
+            pos += item.llm_tokens
+    return spans, text
+
+
+@dataclass
+class SamplePayload:
+    """The data of one sample, consistent with its metadata."""
+
+    tokens: np.ndarray
+    """LLM token ids ``[llm_tokens]``; item positions hold :data:`PLACEHOLDER_TOKEN`."""
+
+    units: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    """Per encoder, the input features of each unit, ``[unit_tokens, input_dim]`` float32."""
+
+
+@dataclass
+class EncoderInput:
+    """One encoder's share of a packed microbatch."""
+
+    unit_lens: list[int]
+    """Tokens of each unit, in packing order."""
+
+    features: Tensor | None
+    """Input features ``[tokens, input_dim]``, or None where the payload is not needed."""
+
+    positions: Tensor
+    """Position of every token within its unit ``[tokens]``."""
+
+    pool_rows: Tensor
+    """For each pooling pair, the output row it adds to."""
+
+    pool_tokens: Tensor
+    """For each pooling pair, the encoder token it reads."""
+
+    pool_counts: Tensor
+    """Encoder tokens averaged into each output row ``[rows, 1]``."""
+
+    num_rows: int
+    """Output rows: the LLM tokens this encoder produces for the microbatch."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Encoder tokens of the microbatch."""
+        return sum(self.unit_lens)
+
+    def packed_seq_params(self) -> PackedSeqParams:
+        """THD parameters: one sequence per unit."""
+        return _packed_seq_params(self.unit_lens, self.positions.device)
+
+
+@dataclass
+class LanguageInput:
+    """The LLM's share of a packed microbatch."""
+
+    seq_lens: list[int]
+    """Length of each packed sequence: one per sample, plus one padding run when padded."""
+
+    tokens: Tensor
+    """Token ids ``[S]``."""
+
+    position_ids: Tensor
+    """Position within each sample ``[S]``."""
+
+    labels: Tensor
+    """Next-token targets ``[S]`` (0 where the loss mask is 0)."""
+
+    loss_mask: Tensor
+    """1.0 where the next token is a text token of the same sample ``[S]``."""
+
+    splice_positions: dict[str, Tensor] = field(default_factory=dict)
+    """Per encoder, the LLM positions that receive its output rows, in row order."""
+
+    @property
+    def length(self) -> int:
+        """Total packed length S, padding included."""
+        return sum(self.seq_lens)
+
+    def packed_seq_params(self) -> PackedSeqParams:
+        """THD parameters: one sequence per sample (and the padding run)."""
+        return _packed_seq_params(self.seq_lens, self.tokens.device)
+
+
+@dataclass
+class PackedMicrobatch:
+    """A microbatch as every module of the model consumes it."""
+
+    sample_ids: list[str]
+    """Ids of the samples, in packing order."""
+
+    language: LanguageInput
+    """The LLM's inputs."""
+
+    encoders: dict[str, EncoderInput]
+    """Each encoder's inputs; an encoder with no units in this microbatch is absent."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Tokens that contribute to the loss."""
+        return int(self.language.loss_mask.sum().item())
+
+
+def _packed_seq_params(lens: Sequence[int], device) -> PackedSeqParams:
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0)
+    cu = cu.to(device)
+    longest = max(lens) if lens else 0
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
+
+
+def pooling_pairs(encoder_tokens: int, llm_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which encoder tokens average into which LLM token, for one item.
+
+    LLM token ``r`` of ``K`` averages the encoder tokens ``[floor(r E / K), floor((r+1) E / K))``
+    of ``E``, at least one: a merge of ``E/K`` consecutive tokens when ``K <= E`` (a 2x2 patch
+    merge over row-major tokens when E/K = 4), and a repetition when ``K > E``.
+
+    Returns:
+        ``(rows, tokens)``: parallel arrays of pairs.
+    """
+    r = np.arange(llm_tokens)
+    lo = (r * encoder_tokens) // llm_tokens
+    hi = np.maximum(((r + 1) * encoder_tokens) // llm_tokens, lo + 1)
+    counts = hi - lo
+    rows = np.repeat(r, counts)
+    offsets = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return rows, lo[rows] + offsets
+
+
+def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:
+    """Lengths of the padding sequences that fill a packed microbatch up to ``pad_to`` tokens.
+
+    Padding is split into runs of at most ``max_run`` tokens (the sequence length) so that its
+    positions stay inside the position embedding and its attention costs what padding each
+    sample to the sequence length would cost, no more.
+    """
+    if pad_to is None or packed >= pad_to:
+        return []
+    pad = pad_to - packed
+    return [max_run] * (pad // max_run) + ([pad % max_run] if pad % max_run else [])
+
+
+def build_microbatch(
+    samples: Sequence[tuple[SampleMeta, SamplePayload]],
+    encoders: Sequence[str],
+    pad_to: int | None = None,
+    device: torch.device | str = "cpu",
+    with_features: bool = True,
+    max_pad_run: int | None = None,
+) -> PackedMicrobatch:
+    """Pack samples into one microbatch.
+
+    Args:
+        samples: ``(metadata, payload)`` pairs, in packing order.
+        encoders: encoders the model has; items of other encoders are an error.
+        pad_to: pad the LLM sequence to this length (fixed shapes for Megatron's pipeline
+            schedules); None packs without padding.
+        device: where the tensors go.
+        with_features: materialise encoder input features; stages that run no encoder input
+            layer only need shapes, tokens and labels.
+
+    Raises:
+        ValueError: a payload disagrees with its metadata, a sample needs an encoder the model
+            lacks, or the packed length exceeds ``pad_to``; the message names the sample.
+    """
+    seq_lens: list[int] = []
+    tokens, positions, labels, mask = [], [], [], []
+    splice: dict[str, list[np.ndarray]] = {e: [] for e in encoders}
+    enc_units: dict[str, list[int]] = {e: [] for e in encoders}
+    enc_feats: dict[str, list[np.ndarray]] = {e: [] for e in encoders}
+    enc_pool: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {e: [] for e in encoders}
+    enc_tokens = {e: 0 for e in encoders}
+    enc_rows = {e: 0 for e in encoders}
+    offset = 0
+    for meta, payload in samples:
+        n = meta.llm_tokens
+        spans, _ = sample_layout(meta)
+        is_text = np.ones(n, dtype=bool)
+        for span in spans:
+            is_text[span.start : span.start + span.length] = False
+            enc = ENCODER_OF_MODALITY[span.modality]
+            if enc not in splice:
+                raise ValueError(
+                    f"sample {meta.sample_id!r} has {span.modality} items but the model has no "
+                    f"{enc} encoder (--{enc}-num-layers is 0)"
+                )
+            item = meta.items(span.modality)[span.index]
+            splice[enc].append(np.arange(span.start, span.start + span.length) + offset)
+            rows, toks = pooling_pairs(item.encoder_tokens, item.llm_tokens)
+            enc_pool[enc].append((rows + enc_rows[enc], toks + enc_tokens[enc]))
+            enc_units[enc].extend(item.units)
+            enc_tokens[enc] += item.encoder_tokens
+            enc_rows[enc] += item.llm_tokens
+        if payload.tokens.shape != (n,):
+            raise ValueError(
+                f"sample {meta.sample_id!r}: payload has {payload.tokens.shape[0]} tokens, "
+                f"metadata says {n}"
+            )
+        tokens.append(payload.tokens)
+        if with_features:
+            for enc in encoders:
+                enc_feats[enc].extend(payload.units.get(enc, []))
+        positions.append(np.arange(n))
+        lab = np.zeros(n, dtype=np.int64)
+        m = np.zeros(n, dtype=np.float32)
+        nxt = is_text[1:]
+        m[:-1] = nxt
+        lab[:-1] = np.where(nxt, payload.tokens[1:], 0)
+        labels.append(lab)
+        mask.append(m)
+        seq_lens.append(n)
+        offset += n
+    if pad_to is not None:
+        if offset > pad_to:
+            raise ValueError(
+                f"samples {[meta.sample_id for meta, _ in samples]} pack to {offset} LLM tokens, "
+                f"more than the fixed microbatch length {pad_to}"
+            )
+        for pad in padding_runs(offset, pad_to, max_pad_run or pad_to):
+            seq_lens.append(pad)
+            tokens.append(np.full(pad, PLACEHOLDER_TOKEN, dtype=np.int64))
+            positions.append(np.arange(pad))
+            labels.append(np.zeros(pad, dtype=np.int64))
+            mask.append(np.zeros(pad, dtype=np.float32))
+
+    def t(parts, dtype):
+        return torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False)).to(device)
+
+    language = LanguageInput(
+        seq_lens=seq_lens,
+        tokens=t(tokens, np.int64),
+        position_ids=t(positions, np.int64),
+        labels=t(labels, np.int64),
+        loss_mask=t(mask, np.float32),
+        splice_positions={e: t(v, np.int64) for e, v in splice.items() if v},
+    )
+    enc_inputs = {}
+    for enc in encoders:
+        if not enc_units[enc]:
+            continue
+        feats = None
+        if with_features:
+            got = sum(f.shape[0] for f in enc_feats[enc])
+            if got != enc_tokens[enc] or len(enc_feats[enc]) != len(enc_units[enc]):
+                raise ValueError(
+                    f"{enc} payload of samples {[meta.sample_id for meta, _ in samples]} has "
+                    f"{len(enc_feats[enc])} units / {got} tokens, metadata says "
+                    f"{len(enc_units[enc])} / {enc_tokens[enc]}"
+                )
+            feats = torch.from_numpy(np.concatenate(enc_feats[enc])).to(device)
+        rows = np.concatenate([r for r, _ in enc_pool[enc]])
+        toks = np.concatenate([k for _, k in enc_pool[enc]])
+        counts = np.bincount(rows, minlength=enc_rows[enc]).astype(np.float32)
+        enc_inputs[enc] = EncoderInput(
+            unit_lens=list(enc_units[enc]),
+            features=feats,
+            positions=t([np.arange(u) for u in enc_units[enc]], np.int64),
+            pool_rows=torch.from_numpy(rows).to(device),
+            pool_tokens=torch.from_numpy(toks).to(device),
+            pool_counts=torch.from_numpy(counts).view(-1, 1).to(device),
+            num_rows=enc_rows[enc],
+        )
+    return PackedMicrobatch(
+        sample_ids=[meta.sample_id for meta, _ in samples], language=language, encoders=enc_inputs
+    )

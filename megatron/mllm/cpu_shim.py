@@ -1,0 +1,130 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Lets megatron-core 0.19.2 run on a machine without CUDA (CPU tensors, gloo collectives).
+
+megatron-core hard-codes CUDA in a handful of places that a CPU run reaches: ``device="cuda"``
+literals (the pipeline schedules' token counter, the optimizer, grad-norm helpers),
+``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
+buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, and an assertion
+that gradients are CUDA tensors when they are clipped. The inventory
+and the recipe are in ``shared/research/megatron.md`` section 3.3/3.4.
+
+Everything here is applied by :func:`apply` only when CUDA is absent; on a GPU machine it is a
+no-op, so the same code path runs with NCCL. OrchWeave's own code never needs it: it allocates
+on the device of the tensors it already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_applied = False
+
+
+class _CudaToCpuMode(torch.overrides.TorchFunctionMode):
+    """Redirects ``device="cuda..."`` keyword arguments and ``Tensor.cuda()`` to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+class _NullStream:
+    """Stands in for ``torch.cuda.current_stream()``: CPU ops are already ordered."""
+
+    def wait_event(self, *args, **kwargs):
+        return None
+
+    def wait_stream(self, *args, **kwargs):
+        return None
+
+    def synchronize(self):
+        return None
+
+    def record_event(self, *args, **kwargs):
+        return None
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device can be used."""
+    return torch.cuda.is_available()
+
+
+def _stub_triton_kernels() -> None:
+    # megatron.core imports a triton kernel module unguarded; CPU torch wheels ship no triton.
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("megatron.core.transformer.moe.ops.paged_stash")
+        stub.GLOBAL_BLOCK_SIZE = 1024
+        stub.paged_stash_copy_kernel = None
+        stub.paged_stash_pop_kernel = None
+        sys.modules[stub.__name__] = stub
+
+
+def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron-core's clip, minus its assertion that gradients are CUDA tensors."""
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr) for p in parameters if getattr(p, attr, None) is not None]
+    coeff = max_norm / (total_norm + 1.0e-6)
+    if isinstance(coeff, torch.Tensor):
+        coeff = coeff.clamp_max(1.0)
+    elif coeff >= 1.0:
+        return
+    for g in grads:
+        g.detach().mul_(coeff)
+
+
+def apply() -> bool:
+    """Install the CPU compatibility patches when CUDA is absent.
+
+    Call it before importing ``megatron.core``. Safe to call more than once.
+
+    Returns:
+        bool: True when the patches are (or already were) in place, False on a CUDA machine.
+    """
+    global _applied
+    if cuda_available():
+        return False
+    if _applied:
+        return True
+    _stub_triton_kernels()
+    # megatron-core wraps its fused kernels (bias-gelu, bias-dropout-add, ...) in torch.compile;
+    # on CPU every process would spend tens of seconds compiling C++ for a few elementwise ops.
+    torch._dynamo.config.disable = True
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    # Entered for the life of the process: the CUDA literals sit deep inside megatron-core
+    # calls (schedules, optimizer) that we do not wrap one by one.
+    _CudaToCpuMode().__enter__()
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
+    _applied = True
+    logger.debug("megatron-core CPU compatibility shim applied")
+    return True
+
+
+def model_parallel_manual_seed(seed: int) -> None:
+    """Seed megatron-core's model-parallel RNG tracker.
+
+    On CPU there is no CUDA RNG state to fork, so megatron-core's inference tracker (whose
+    ``add``/``fork`` are no-ops) is used; dropout then draws from the CPU generator.
+    """
+    from megatron.core import tensor_parallel
+
+    if cuda_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    else:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)

@@ -1,0 +1,123 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""What the trainer reports: Megatron-style log lines, per-phase DP imbalance, FLOPs.
+
+The imbalance is computed from metadata alone: every rank knows the whole global batch's
+metadata, so the logger can cost each DP rank's share of each phase without communication.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from megatron.mllm.batch import padding_runs
+from orchestration.model_shape import ModelShape
+from orchestration.workload import PHASES, SampleMeta
+
+
+def phase_costs(
+    shape: ModelShape,
+    microbatches: Sequence[Sequence[SampleMeta]],
+    pad_to: int | None,
+    max_pad_run: int | None = None,
+) -> dict[str, float]:
+    """Training FLOPs of each phase for one rank's microbatches, as the rank executes them.
+
+    Encoders pay per unit (attention within each unit); the LLM pays per packed sample, plus the
+    padding runs when microbatches are padded to ``pad_to`` tokens (PP > 1 baseline).
+    """
+    costs = {phase: 0.0 for phase in PHASES if phase == "llm" or phase in shape.encoders}
+    for mb in microbatches:
+        lens = [s.llm_tokens for s in mb]
+        lens += padding_runs(sum(lens), pad_to, max_pad_run or pad_to or 1)
+        costs["llm"] += shape.phase_flops("llm", lens)
+        for s in mb:
+            for phase, flops in shape.sample_phase_flops(s).items():
+                if phase != "llm":
+                    costs[phase] += flops
+    return costs
+
+
+def imbalance(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Max over mean of each phase's cost across ranks (1.0 is perfect; 0-cost phases give 1)."""
+    out = {}
+    for phase in per_rank[0]:
+        values = np.array([r[phase] for r in per_rank], dtype=np.float64)
+        mean = values.mean()
+        out[phase] = float(values.max() / mean) if mean > 0 else 1.0
+    return out
+
+
+@dataclass
+class IntervalStats:
+    """Accumulates iterations between two log lines."""
+
+    iterations: int = 0
+    seconds: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    loss_sum: float = 0.0
+    loss_tokens: float = 0.0
+    imbalance_sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, seconds: float, samples: int, tokens: int, flops: float, imb: dict[str, float]):
+        """Record one iteration."""
+        self.iterations += 1
+        self.seconds += seconds
+        self.samples += samples
+        self.tokens += tokens
+        self.flops += flops
+        for k, v in imb.items():
+            self.imbalance_sums[k] = self.imbalance_sums.get(k, 0.0) + v
+
+
+def format_log_line(
+    iteration: int,
+    train_iters: int,
+    consumed_samples: int,
+    stats: IntervalStats,
+    world_size: int,
+    lr: float,
+    global_batch_size: int,
+    loss: float | None,
+    grad_norm: float | None,
+) -> str:
+    """One Megatron-style training log line for the interval in ``stats``."""
+    n = max(1, stats.iterations)
+    ms = 1000.0 * stats.seconds / n
+    secs = max(stats.seconds, 1e-12)
+    tflops = stats.flops / secs / world_size / 1e12
+    parts = [
+        f" [{time.strftime('%Y-%m-%d %H:%M:%S')}] iteration {iteration:8d}/{train_iters:8d}",
+        f"consumed samples: {consumed_samples:12d}",
+        f"elapsed time per iteration (ms): {ms:.1f}",
+        f"throughput per GPU (TFLOP/s/GPU): {tflops:.4f}",
+        f"samples per second: {stats.samples / secs:.2f}",
+        f"tokens per second: {stats.tokens / secs:.1f}",
+        f"learning rate: {lr:.6E}",
+        f"global batch size: {global_batch_size:5d}",
+    ]
+    if loss is not None:
+        parts.append(f"lm loss: {loss:.6E}")
+    if grad_norm is not None:
+        parts.append(f"grad norm: {grad_norm:.3f}")
+    if stats.imbalance_sums:
+        imb = " ".join(f"{k} {v / n:.3f}" for k, v in stats.imbalance_sums.items())
+        parts.append(f"DP imbalance max/mean: {imb}")
+    return " | ".join(parts) + " |"
+
+
+def write_metrics(path: str, record: dict) -> None:
+    """Append one JSON record to a JSONL metrics file."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def batch_tokens(samples: Iterable[SampleMeta]) -> int:
+    """Real LLM tokens of a batch (no padding)."""
+    return sum(s.llm_tokens for s in samples)

@@ -1,0 +1,28 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Packaging for OrchWeave, a Megatron-LM fork for multimodal LLM training.
+
+``megatron/`` is a PEP 420 namespace shared with the megatron-core wheel, so only
+``megatron.mllm`` is ours; an editable install merges it with the wheel's ``megatron.core``.
+"""
+
+from setuptools import find_namespace_packages, setup
+
+setup(
+    name="orchweave",
+    version="0.1.0",
+    description=(
+        "Megatron-LM fork for multimodal LLMs: batch post-balancing across data-parallel ranks "
+        "and a dynamic interleaved pipeline"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.12",
+    packages=find_namespace_packages(include=["megatron.mllm*", "orchestration*", "pipeweaver*"]),
+    package_data={"orchestration": ["workloads/*.json"]},
+    install_requires=["megatron-core==0.19.2", "numpy"],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6"],
+        "gpu": ["transformer-engine[pytorch]"],
+    },
+    scripts=[],
+)
