@@ -73,7 +73,9 @@ class TransformerShape:
         layers = self.num_layers if layers is None else layers
         total = 0.0
         for n in seq_lens:
-            total += layers * (n * self.layer_linear_flops_per_token() + self.layer_attention_flops(n))
+            total += layers * (
+                n * self.layer_linear_flops_per_token() + self.layer_attention_flops(n)
+            )
         return total
 
 

@@ -49,10 +49,7 @@ def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "so the LM loss can only reach its floor by reading the encoders. Default: %(default)s.",
     )
 
-    for name, layers, feature_help in (
-        ("vision", 2, None),
-        ("audio", 2, None),
-    ):
+    for name, layers, feature_help in (("vision", 2, None), ("audio", 2, None)):
         group = parser.add_argument_group(title=f"OrchWeave: {name} encoder")
         group.add_argument(
             f"--{name}-num-layers",
@@ -122,7 +119,10 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
     from megatron.training.arguments import parse_args, validate_args
 
     saved = sys.argv
-    sys.argv = [saved[0] if saved else "pretrain_mllm.py", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = [
+        saved[0] if saved else "pretrain_mllm.py",
+        *(sys.argv[1:] if argv is None else argv),
+    ]
     try:
         args = parse_args(extra_args_provider=add_mllm_args)
     finally:
@@ -171,7 +171,9 @@ def finish_arguments(args: argparse.Namespace) -> None:
     if args.workload_seed is None:
         args.workload_seed = args.seed
     if args.workload_token_scale <= 0:
-        raise ConfigError(f"--workload-token-scale must be positive, got {args.workload_token_scale}")
+        raise ConfigError(
+            f"--workload-token-scale must be positive, got {args.workload_token_scale}"
+        )
     for name in ("vision", "audio"):
         hidden = getattr(args, f"{name}_hidden_size") or args.hidden_size
         setattr(args, f"{name}_hidden_size", hidden)

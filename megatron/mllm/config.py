@@ -119,7 +119,8 @@ class MLLMConfig:
         encoders = {}
         for name, enc in self.encoders.items():
             proj = (
-                2.0 * (enc.hidden_size * lang.ffn_hidden_size + lang.ffn_hidden_size * lang.hidden_size)
+                2.0
+                * (enc.hidden_size * lang.ffn_hidden_size + lang.ffn_hidden_size * lang.hidden_size)
                 if self.projector_type == "mlp"
                 else 2.0 * enc.hidden_size * lang.hidden_size
             )
@@ -138,9 +139,8 @@ class MLLMConfig:
 
 def mllm_config_from_args(args) -> MLLMConfig:
     """Build the model config from Megatron's parsed arguments plus OrchWeave's."""
-    from megatron.training.argument_utils import core_transformer_config_from_args
-
     from megatron.mllm import cpu_shim
+    from megatron.training.argument_utils import core_transformer_config_from_args
 
     language = core_transformer_config_from_args(args)
     # Samples move between microbatches and ranks; only a loss normalised by the global number
@@ -153,8 +153,10 @@ def mllm_config_from_args(args) -> MLLMConfig:
         language.use_cpu_initialization = True
     use_te = _use_transformer_engine(args)
     if language.gradient_accumulation_fusion and not _have_fused_wgrad():
-        logger.info("apex's fused_weight_gradient_mlp_cuda is not importable: "
-                    "gradient accumulation fusion is off")
+        logger.info(
+            "apex's fused_weight_gradient_mlp_cuda is not importable: "
+            "gradient accumulation fusion is off"
+        )
         language.gradient_accumulation_fusion = False
     if not use_te:
         # Persistent layer norm is a fused apex/TE kernel; torch's LayerNorm has none.

@@ -21,7 +21,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.mllm.attention import PackedDotProductAttention
 
 
-def transformer_layer_spec(use_te: bool, causal: bool, normalization: str = "LayerNorm") -> ModuleSpec:
+def transformer_layer_spec(
+    use_te: bool, causal: bool, normalization: str = "LayerNorm"
+) -> ModuleSpec:
     """The spec of one transformer layer.
 
     Args:

@@ -90,7 +90,9 @@ def initialize_distributed(args) -> torch.device:
         device = torch.device("cuda", local_rank)
     else:
         if args.distributed_backend != "gloo":
-            logger.info("no CUDA device: using the gloo backend instead of %s", args.distributed_backend)
+            logger.info(
+                "no CUDA device: using the gloo backend instead of %s", args.distributed_backend
+            )
         backend = "gloo"
         device = torch.device("cpu")
     if not dist.is_initialized():
@@ -162,6 +164,8 @@ class Trainer:
 
     def __init__(self, args):
         self.args = args
+        # Opened before any collective: a bad workload fails every rank the same way, at once.
+        self.source = SampleSource(args.workload, args.workload_seed, args.workload_token_scale)
         self.device = initialize_distributed(args)
         self.pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -175,7 +179,6 @@ class Trainer:
 
         self.mllm = mllm_config_from_args(args)
         self.shape = self.mllm.shape()
-        self.source = SampleSource(args.workload, args.workload_seed, args.workload_token_scale)
         self.task = SyntheticTask(
             vocab_size=args.vocab_size,
             num_classes=args.synthetic_num_classes,
@@ -301,7 +304,10 @@ class Trainer:
             dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
             loss_sum, loss_tokens = float(total[0]), float(total[1])
         return StepResult(
-            loss_sum, loss_tokens, None if grad_norm is None else float(grad_norm), update_successful
+            loss_sum,
+            loss_tokens,
+            None if grad_norm is None else float(grad_norm),
+            update_successful,
         )
 
     def main_grads(self) -> dict[str, torch.Tensor]:
@@ -379,8 +385,16 @@ class Trainer:
                     flush=True,
                 )
                 stats = IntervalStats()
+            saved = False
             if args.save and args.save_interval and self.iteration % args.save_interval == 0:
                 self.save()
+                saved = True
+            if args.exit_interval and self.iteration % args.exit_interval == 0:
+                if args.save and not saved:
+                    self.save()
+                if dist.get_rank() == 0:
+                    print(f" exiting program at iteration {self.iteration}", flush=True)
+                return results
         if args.save and (not args.save_interval or self.iteration % args.save_interval != 0):
             self.save()
         return results
@@ -399,7 +413,10 @@ class Trainer:
             self.pp_rank,
         )
         if dist.get_rank() == 0:
-            print(f" saved checkpoint at iteration {self.iteration:7d} to {self.args.save}", flush=True)
+            print(
+                f" saved checkpoint at iteration {self.iteration:7d} to {self.args.save}",
+                flush=True,
+            )
         logger.debug("rank %d wrote %s", dist.get_rank(), path)
 
     def _print_setup(self) -> None:

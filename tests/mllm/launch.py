@@ -1,0 +1,75 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Launch multi-process gloo runs from tests, with a timeout so a deadlock fails fast."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_MAIN_JOB = REPO / "scripts" / "pretrain_mllm_cpu.sh"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a command; on timeout, fail with everything it printed."""
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env or _env(), cwd=REPO
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise AssertionError(
+            f"timed out after {timeout}s (deadlock?): {' '.join(cmd)}\n{out[-4000:]}\n{err[-4000:]}"
+        ) from e
+
+
+def torchrun(nproc: int, script: str | Path, args: list[str], timeout: float = 240):
+    """``torchrun --nproc-per-node nproc script args`` on a free port."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
+    return run(cmd, timeout)
+
+
+def main_job(nproc: int, args: list[str], timeout: float = 300):
+    """The README's main job (scripts/pretrain_mllm_cpu.sh) with extra arguments."""
+    env = _env()
+    env.update(PYTHON=sys.executable, NPROC=str(nproc), MASTER_PORT=str(free_port()))
+    return run(["bash", str(CPU_MAIN_JOB), *args], timeout, env=env)
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """Fail with the run's output when it did not exit 0."""
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"exit status {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
+    return proc

@@ -1,0 +1,186 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""End-to-end runs of the trainer on 2 gloo processes: learning, equivalence, resume, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from launch import REPO, check, main_job, torchrun
+
+from orchestration.workload import WorkloadGenerator, WorkloadSpec
+
+pytestmark = pytest.mark.multiproc
+
+GRAD_WORKER = Path(__file__).with_name("grad_worker.py")
+
+# A tiny model on the default workload: every module (vision, audio, LLM) gets work.
+TINY = [
+    "--distributed-backend", "gloo", "--transformer-impl", "local",
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "256", "--max-position-embeddings", "256", "--vocab-size", "256",
+    "--vision-num-layers", "2", "--vision-patch-size", "2", "--audio-num-layers", "1",
+    "--audio-feature-dim", "16", "--workload-token-scale", "0.03125",
+    "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "1",
+    "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--synthetic-num-classes", "8",
+]  # fmt: skip
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def dp2_run(tmp_path_factory):
+    """The main job at DP=2 for its 30 iterations, with per-iteration metrics."""
+    out = tmp_path_factory.mktemp("dp2")
+    proc = check(main_job(2, ["--metrics-jsonl", str(out / "metrics.jsonl")]))
+    return proc, read_metrics(out / "metrics.jsonl")
+
+
+def _loss_falls(metrics: list[dict]) -> None:
+    losses = [m["lm_loss"] for m in metrics]
+    assert len(losses) == 30
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert (
+        last < first - 0.5
+    ), f"loss did not fall: first five {losses[:5]}, last five {losses[-5:]}"
+
+
+def test_dp2_run_learns_and_logs_like_megatron(dp2_run):
+    proc, metrics = dp2_run
+    _loss_falls(metrics)
+    lines = [line for line in proc.stdout.splitlines() if " iteration " in line]
+    assert len(lines) == 6, proc.stdout[-3000:]
+    for field in (
+        "elapsed time per iteration (ms)",
+        "throughput per GPU (TFLOP/s/GPU)",
+        "samples per second",
+        "tokens per second",
+        "lm loss",
+        "DP imbalance max/mean: vision",
+    ):
+        assert field in lines[-1], f"{field!r} missing from {lines[-1]}"
+    # Two DP ranks load different samples: some phase is imbalanced in some iteration.
+    assert max(max(m["imbalance"].values()) for m in metrics) > 1.05
+    assert "DP=2" in proc.stdout and "forward_backward_no_pipelining" in proc.stdout
+
+
+def test_pp2_run_learns(tmp_path):
+    proc = check(
+        main_job(
+            2, ["--pipeline-model-parallel-size", "2", "--metrics-jsonl", str(tmp_path / "m.jsonl")]
+        )
+    )
+    assert "forward_backward_pipelining_without_interleaving" in proc.stdout
+    _loss_falls(read_metrics(tmp_path / "m.jsonl"))
+
+
+def test_resume_continues_exactly(dp2_run, tmp_path):
+    _, full = dp2_run
+    ckpt = tmp_path / "ckpt"
+    first = check(
+        main_job(2, ["--save", str(ckpt), "--save-interval", "10", "--exit-interval", "10"])
+    )
+    assert "exiting program at iteration 10" in first.stdout
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
+    assert (ckpt / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt").is_file()
+    check(main_job(2, ["--load", str(ckpt), "--metrics-jsonl", str(tmp_path / "resumed.jsonl")]))
+    resumed = read_metrics(tmp_path / "resumed.jsonl")
+    assert [m["iteration"] for m in resumed] == list(range(11, 31))
+    expected = {m["iteration"]: m["lm_loss"] for m in full}
+    for m in resumed:
+        assert m["lm_loss"] == expected[m["iteration"]], (m["iteration"], m, expected)
+
+
+# ------------------------------------------------------------------------ gradient equivalence
+
+
+def _grads(tmp_path: Path, nproc: int, extra: list[str]) -> tuple[dict, dict, torch.Tensor]:
+    out = tmp_path / f"grads_{nproc}_{'_'.join(extra) or 'ref'}"
+    out.mkdir()
+    check(torchrun(nproc, GRAD_WORKER, [str(out), *TINY, *extra]))
+    grads, params, loss = {}, {}, None
+    for r in range(nproc):
+        data = torch.load(out / f"rank{r}.pt")
+        for name, g in data["grads"].items():
+            if name in grads:  # replicated over DP: every replica must agree
+                torch.testing.assert_close(g, grads[name], rtol=1e-6, atol=0)
+            grads[name] = g
+        params.update(data["params"])
+        if data["loss"] is not None:
+            loss = data["loss"]
+    return grads, params, loss
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """PP=1, DP=1: one process sees the whole global batch."""
+    return _grads(tmp_path_factory.mktemp("ref"), 1, [])
+
+
+def _assert_equivalent(run, reference) -> None:
+    grads, params, loss = run
+    ref_grads, ref_params, ref_loss = reference
+    assert set(grads) == set(ref_grads)
+    for name, p in params.items():
+        assert torch.equal(p, ref_params[name]), f"initial weights of {name} differ"
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, g in grads.items():
+        ref = ref_grads[name]
+        rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
+        assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
+
+
+def test_reference_gradients_reach_every_module(reference):
+    grads, _, loss = reference
+    assert float(loss[1]) > 0
+    for module in ("vision", "audio", "llm"):
+        norms = [float(g.norm()) for n, g in grads.items() if n.startswith(module + ".")]
+        assert norms and max(norms) > 0, f"no gradient reached the {module} module"
+    assert any(n.startswith("vision.projector") for n in grads)
+
+
+def test_pp2_gradients_equal_pp1(tmp_path, reference):
+    _assert_equivalent(_grads(tmp_path, 2, ["--pipeline-model-parallel-size", "2"]), reference)
+
+
+def test_dp2_gradients_equal_dp1(tmp_path, reference):
+    _assert_equivalent(_grads(tmp_path, 2, []), reference)
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+def test_sample_longer_than_seq_length_fails_every_rank_with_its_name():
+    gen = WorkloadGenerator(
+        WorkloadSpec.load("omni-three-modality"), seed=1234, token_scale=0.03125
+    )
+    first_batch = gen.samples(8)  # iteration 0 of the global batch of 8
+    longest = max(first_batch, key=lambda s: s.llm_tokens)
+    limit = longest.llm_tokens - 1
+    culprit = next(s for s in first_batch if s.llm_tokens > limit)
+    proc = torchrun(
+        2,
+        REPO / "scripts" / "pretrain_mllm.py",
+        [*TINY, "--seq-length", str(limit), "--max-position-embeddings", str(limit)],
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    message = f"error: sample {culprit.sample_id!r}"
+    assert proc.stderr.count(message) == 2, f"both ranks must name the sample:\n{proc.stderr}"
+    assert f"more than --seq-length {limit}" in proc.stderr
+
+
+def test_missing_workload_file_is_a_clear_error(tmp_path):
+    proc = torchrun(
+        1,
+        REPO / "scripts" / "pretrain_mllm.py",
+        [*TINY, "--workload", str(tmp_path / "nope.json")],
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    assert f"error: workload spec not found: {tmp_path / 'nope.json'}" in proc.stderr
