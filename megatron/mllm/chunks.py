@@ -139,16 +139,38 @@ class EncoderChunk(ModuleChunk):
 
     def forward(self, hidden: Optional[Tensor], batch: EncoderInput) -> Tensor:
         """Run this chunk on one microbatch's units of this encoder."""
-        if self.is_first:
-            feats = batch.features.to(self.config.params_dtype)
-            hidden = self.input_embedding(feats) + sinusoidal_positions(
-                batch.positions, self.config.hidden_size, feats.dtype
-            )
-            hidden = hidden.unsqueeze(1)
-        hidden = self.run_layers(hidden, batch.packed_seq_params())
+        hidden = self.body(hidden, batch.features, batch.positions, batch.packed_seq_params())
         if not self.is_last:
             return hidden
-        hidden = hidden.squeeze(1)
+        return self.head(hidden.squeeze(1), batch)
+
+    def body(
+        self,
+        hidden: Optional[Tensor],
+        features: Optional[Tensor],
+        positions: Tensor,
+        packed_seq_params,
+    ) -> Tensor:
+        """Input embedding (first chunk) and layers: hidden states ``[T, 1, h]`` of the units.
+
+        Units are independent, so the body of any set of units can run on any rank; only the
+        head needs a whole item.
+        """
+        if self.is_first:
+            feats = features.to(self.config.params_dtype)
+            hidden = self.input_embedding(feats) + sinusoidal_positions(
+                positions, self.config.hidden_size, feats.dtype
+            )
+            hidden = hidden.unsqueeze(1)
+        return self.run_layers(hidden, packed_seq_params)
+
+    def head(self, hidden: Tensor, batch: EncoderInput) -> Tensor:
+        """Pool each item's encoder tokens into its LLM tokens and project: ``[R, h_llm]``.
+
+        Args:
+            hidden: the final hidden states ``[T, h]`` of the microbatch's units, in its order.
+            batch: the microbatch's pooling indices.
+        """
         # Mean over the encoder tokens that merge into each LLM token (see pooling_pairs).
         pooled = hidden.new_zeros(batch.num_rows, hidden.shape[-1]).index_add(
             0, batch.pool_rows, hidden.index_select(0, batch.pool_tokens)

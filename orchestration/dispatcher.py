@@ -1,0 +1,255 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The Batch Post-Balancing Dispatcher's collectives: metadata all-gather and all-to-all.
+
+Everything here moves rows of tensors between the ranks of one data-parallel group according to
+a *count matrix* ``counts[src, dst]`` (rows that ``src`` sends to ``dst``), which every rank
+derives from the same balance plan. Receivers therefore know their sizes without a handshake.
+
+Two exchange algorithms, with identical results:
+
+- **direct**: one ``all_to_all_single``;
+- **node-wise**: three all-to-alls that make every pair of nodes exchange exactly one message:
+  traffic from node A to node B is first gathered inside A onto the rank with local index
+  ``B % gpus_per_node`` (the proxy), crosses the network once to the rank of node B with local
+  index ``A % gpus_per_node``, and is scattered inside B to its final ranks. Intra-node traffic
+  goes straight to its destination in the first hop. With ``n`` nodes of ``g`` ranks this turns
+  up to ``(n g)^2`` small inter-node messages into at most ``n (n - 1)`` larger ones.
+
+:class:`Exchange` is autograd-aware: its backward runs the transposed exchange, so gradients of
+encoder outputs travel back to the ranks that computed them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from orchestration.workload import SampleMeta
+
+
+class PlanDigestMismatch(RuntimeError):
+    """Ranks computed different plans (different metadata or a nondeterministic planner)."""
+
+
+# --------------------------------------------------------------------------------- routing
+
+
+@dataclass(frozen=True)
+class _Hop:
+    """One all-to-all of a multi-hop exchange, as every rank can compute it from the counts.
+
+    ``blocks[r][p]`` lists, in wire order, the ``(src, dst)`` blocks rank ``r`` sends to ``p``.
+    """
+
+    blocks: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+
+
+def _route_hops(world: int, gpus_per_node: int | None) -> list:
+    """Per hop, a function (rank holding the block, src, dst) -> next rank."""
+    if not gpus_per_node or gpus_per_node >= world or world % gpus_per_node != 0:
+        return [lambda here, s, d: d]
+    g = gpus_per_node
+
+    def hop1(here, s, d):
+        if d // g == here // g:
+            return d
+        return (here // g) * g + (d // g) % g
+
+    def hop2(here, s, d):
+        if d // g == here // g:
+            return here
+        return (d // g) * g + (s // g) % g
+
+    def hop3(here, s, d):
+        return d
+
+    return [hop1, hop2, hop3]
+
+
+def plan_hops(counts: np.ndarray, gpus_per_node: int | None) -> list[_Hop]:
+    """The hops of an exchange of ``counts`` rows, direct or node-wise.
+
+    Blocks are ``(src, dst)`` pairs with a nonzero count; every rank holds its blocks in
+    ``(src, dst)`` order, sends them to the next hop in that order and receives them
+    concatenated by sender rank, so the wire layout is a pure function of ``counts``.
+    """
+    world = counts.shape[0]
+    holding = [[(s, d) for d in range(world) if counts[s, d] > 0] for s in range(world)]
+    hops = []
+    for route in _route_hops(world, gpus_per_node):
+        blocks = [[[] for _ in range(world)] for _ in range(world)]
+        for here in range(world):
+            for s, d in sorted(holding[here]):
+                blocks[here][route(here, s, d)].append((s, d))
+        hops.append(_Hop(tuple(tuple(tuple(b) for b in row) for row in blocks)))
+        holding = [[b for r in range(world) for b in blocks[r][here]] for here in range(world)]
+    return hops
+
+
+def inter_node_messages(counts: np.ndarray, gpus_per_node: int, node_wise: bool) -> int:
+    """Number of nonempty rank-to-rank messages that cross nodes in an exchange."""
+    g = gpus_per_node
+    total = 0
+    for hop in plan_hops(counts, g if node_wise else None):
+        for src, row in enumerate(hop.blocks):
+            for dst, blocks in enumerate(row):
+                if blocks and src // g != dst // g:
+                    total += 1
+    return total
+
+
+# -------------------------------------------------------------------------------- collectives
+
+
+class Dispatcher:
+    """Collectives of the balancer over one data-parallel process group."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        node_wise: bool = False,
+        gpus_per_node: int | None = None,
+    ):
+        """Args:
+        group: the data-parallel group (None: the default group).
+        node_wise: use the node-wise (three-hop) exchange.
+        gpus_per_node: ranks per node, in group rank order; needed by the node-wise exchange.
+        """
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        if node_wise and not gpus_per_node:
+            raise ValueError("--node-wise-a2a needs --gpus-per-node")
+        if node_wise and self.world % gpus_per_node != 0:
+            raise ValueError(
+                f"--gpus-per-node {gpus_per_node} does not divide the data-parallel size "
+                f"{self.world}"
+            )
+        self.node_wise = node_wise
+        self.gpus_per_node = gpus_per_node
+        self.bytes_sent = 0
+        """Bytes this rank sent to other ranks since the last :meth:`reset_counters`."""
+
+    def reset_counters(self) -> None:
+        """Zero the byte counter."""
+        self.bytes_sent = 0
+
+    def all_gather_metadata(
+        self, local: Sequence[tuple[int, SampleMeta]]
+    ) -> list[list[tuple[int, SampleMeta]]]:
+        """Every rank's ``(stream index, metadata)`` list, in group rank order."""
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, [(k, s.to_json()) for k, s in local], group=self.group)
+        return [
+            [(k, SampleMeta.from_json(obj, f"rank {r}")) for k, obj in items]
+            for r, items in enumerate(gathered)
+        ]
+
+    def check_digest(self, digest: str, what: str = "balance plan") -> None:
+        """Raise :class:`PlanDigestMismatch` naming the ranks whose digest differs from rank 0's."""
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, digest, group=self.group)
+        bad = [r for r, d in enumerate(gathered) if d != gathered[0]]
+        if bad:
+            detail = ", ".join(f"rank {r}: {gathered[r][:12]}" for r in [0, *bad])
+            raise PlanDigestMismatch(
+                f"{what} digest differs across data-parallel ranks {bad} vs rank 0 ({detail}): "
+                "the ranks saw different metadata or planned nondeterministically"
+            )
+
+    def exchange(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
+        """Send rows to their destinations; no autograd.
+
+        Args:
+            rows: this rank's rows, ordered by destination rank (``counts[me, d]`` rows for
+                each ``d`` in turn).
+            counts: ``[world, world]`` rows from src to dst, identical on every rank.
+
+        Returns:
+            The rows received, ordered by source rank (``counts[s, me]`` rows per ``s``).
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (self.world, self.world):
+            raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
+        if rows.shape[0] != counts[self.rank].sum():
+            raise ValueError(
+                f"rank {self.rank} holds {rows.shape[0]} rows but the plan sends "
+                f"{int(counts[self.rank].sum())}"
+            )
+        row_bytes = rows.element_size() * int(np.prod(rows.shape[1:], dtype=np.int64))
+        if not self.node_wise:
+            send_sizes = [int(c) for c in counts[self.rank]]
+            recv_sizes = [int(c) for c in counts[:, self.rank]]
+            recv = rows.new_empty((sum(recv_sizes), *rows.shape[1:]))
+            dist.all_to_all_single(
+                recv,
+                rows.contiguous(),
+                output_split_sizes=recv_sizes,
+                input_split_sizes=send_sizes,
+                group=self.group,
+            )
+            self.bytes_sent += row_bytes * (sum(send_sizes) - send_sizes[self.rank])
+            return recv
+        held = {}  # (src, dst) -> the block of rows this rank holds now
+        offset = 0
+        for d in range(self.world):
+            n = int(counts[self.rank, d])
+            if n:
+                held[(self.rank, d)] = rows[offset : offset + n]
+                offset += n
+        for hop in plan_hops(counts, self.gpus_per_node):
+            send_blocks = hop.blocks[self.rank]
+            parts = [held[b] for p in range(self.world) for b in send_blocks[p]]
+            send_sizes = [sum(int(counts[b]) for b in send_blocks[p]) for p in range(self.world)]
+            recv_blocks = [hop.blocks[p][self.rank] for p in range(self.world)]
+            recv_sizes = [sum(int(counts[b]) for b in recv_blocks[p]) for p in range(self.world)]
+            send = torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
+            recv = rows.new_empty((sum(recv_sizes), *rows.shape[1:]))
+            dist.all_to_all_single(
+                recv,
+                send.contiguous(),
+                output_split_sizes=recv_sizes,
+                input_split_sizes=send_sizes,
+                group=self.group,
+            )
+            self.bytes_sent += row_bytes * (sum(send_sizes) - send_sizes[self.rank])
+            held = {}
+            offset = 0
+            for p in range(self.world):
+                for b in recv_blocks[p]:
+                    n = int(counts[b])
+                    held[b] = recv[offset : offset + n]
+                    offset += n
+        parts = [held[(s, self.rank)] for s in range(self.world) if counts[s, self.rank] > 0]
+        return torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
+
+    def exchange_autograd(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
+        """:meth:`exchange`, differentiable: the backward sends gradients back the same way."""
+        return _Exchange.apply(rows, self, np.asarray(counts, dtype=np.int64))
+
+
+class _Exchange(torch.autograd.Function):
+    """All-to-all whose backward is the transposed all-to-all."""
+
+    @staticmethod
+    def forward(ctx, rows, dispatcher: Dispatcher, counts: np.ndarray):
+        ctx.dispatcher = dispatcher
+        ctx.counts = counts
+        return dispatcher.exchange(rows.detach(), counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = ctx.dispatcher.exchange(grad.contiguous(), ctx.counts.T.copy())
+        return back, None, None
+
+
+def digest_of(*parts: Any) -> str:
+    """A stable sha256 of nested lists/tuples/dicts of ints, floats and strings."""
+    h = hashlib.sha256()
+    h.update(repr(parts).encode())
+    return h.hexdigest()

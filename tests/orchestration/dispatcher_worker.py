@@ -1,0 +1,76 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""torchrun worker for test_dispatcher.py: exchanges on 4 ranks simulating 2 nodes x 2."""
+
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from orchestration.dispatcher import Dispatcher, PlanDigestMismatch
+from orchestration.workload import Item, SampleMeta
+
+
+def rows_for(rank: int, counts: np.ndarray) -> torch.Tensor:
+    """Rows encoding (src, dst, index) so that any misrouting is visible."""
+    out = []
+    for d in range(counts.shape[0]):
+        for i in range(counts[rank, d]):
+            out.append([rank, d, i, rank * 1000 + d * 100 + i])
+    return torch.tensor(out, dtype=torch.float64).view(-1, 4)
+
+
+def expected_for(rank: int, counts: np.ndarray) -> torch.Tensor:
+    out = []
+    for s in range(counts.shape[0]):
+        for i in range(counts[s, rank]):
+            out.append([s, rank, i, s * 1000 + rank * 100 + i])
+    return torch.tensor(out, dtype=torch.float64).view(-1, 4)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    direct = Dispatcher(None)
+    nodewise = Dispatcher(None, node_wise=True, gpus_per_node=2)
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        counts = rng.integers(0, 4, size=(world, world))
+        if trial == 0:
+            counts[:] = 0  # nobody sends anything: every rank still joins
+        if trial == 1:
+            counts[:, 1] = 0  # a rank that receives nothing
+        x = rows_for(rank, counts)
+        want = expected_for(rank, counts)
+        for disp in (direct, nodewise):
+            got = disp.exchange(x, counts)
+            assert torch.equal(got, want), (trial, rank, got, want)
+        # autograd: the backward of y = exchange(x) under loss sum(w * y) returns w to its source
+        for disp in (direct, nodewise):
+            xg = x.clone().requires_grad_(True)
+            y = disp.exchange_autograd(xg, counts)
+            w = y[:, 3:4] * 2.0 + 1.0
+            (y * w.detach()).sum().backward()
+            assert torch.equal(xg.grad, (x[:, 3:4] * 2.0 + 1.0).expand_as(x)), (trial, rank)
+    meta = [
+        (rank * 10 + i, SampleMeta(f"s{rank}-{i}", 5 + i, image=(Item((4,), 1),)))
+        for i in range(rank)
+    ]
+    gathered = direct.all_gather_metadata(meta)
+    assert [len(g) for g in gathered] == list(range(world))
+    assert gathered[rank] == meta
+    direct.check_digest("same")
+    try:
+        direct.check_digest("odd" if rank == 3 else "same")
+    except PlanDigestMismatch as e:
+        assert "ranks [3]" in str(e), str(e)
+        print(f"rank {rank}: mismatch detected: {e}", flush=True)
+    else:
+        raise AssertionError("digest mismatch not detected")
+    dist.barrier()
+    print(f"rank {rank}: ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
