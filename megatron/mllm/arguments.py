@@ -116,6 +116,9 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
     Raises:
         ConfigError: the layout or a flag combination cannot work.
     """
+    from megatron.mllm import cpu_shim
+
+    cpu_shim.apply()
     from megatron.training.arguments import parse_args, validate_args
 
     saved = sys.argv

@@ -4,8 +4,9 @@
 megatron-core hard-codes CUDA in a handful of places that a CPU run reaches: ``device="cuda"``
 literals (the pipeline schedules' token counter, the optimizer, grad-norm helpers),
 ``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
-buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, and an assertion
-that gradients are CUDA tensors when they are clipped. The inventory
+buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, an assertion
+that gradients are CUDA tensors when they are clipped, and the GPU architecture that Megatron's
+argument validation reads for TP > 1. The inventory
 and the recipe are in ``shared/research/megatron.md`` section 3.3/3.4.
 
 Everything here is applied by :func:`apply` only when CUDA is absent; on a GPU machine it is a
@@ -16,6 +17,7 @@ on the device of the tensors it already holds.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import types
 
@@ -37,6 +39,16 @@ class _CudaToCpuMode(torch.overrides.TorchFunctionMode):
         if device is not None and str(device).startswith("cuda"):
             kwargs["device"] = "cpu"
         return func(*args, **kwargs)
+
+
+class _CpuDeviceProperties:
+    """Stands in for ``torch.cuda.get_device_properties()``: no CUDA architecture at all."""
+
+    name = "cpu"
+    major = 0
+    minor = 0
+    total_memory = 0
+    multi_processor_count = 0
 
 
 class _NullStream:
@@ -105,6 +117,10 @@ def apply() -> bool:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    torch.cuda.get_device_properties = lambda *args, **kwargs: _CpuDeviceProperties()
+    # Megatron's argument validation demands this for TP > 1 before Blackwell; without CUDA it
+    # limits nothing.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     # Entered for the life of the process: the CUDA literals sit deep inside megatron-core
     # calls (schedules, optimizer) that we do not wrap one by one.
     _CudaToCpuMode().__enter__()
