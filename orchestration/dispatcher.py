@@ -29,8 +29,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestration.workload import SampleMeta
-
 
 class PlanDigestMismatch(RuntimeError):
     """Ranks computed different plans (different metadata or a nondeterministic planner)."""
@@ -132,34 +130,63 @@ class Dispatcher:
             )
         self.node_wise = node_wise
         self.gpus_per_node = gpus_per_node
-        self.bytes_sent = 0
-        """Bytes this rank sent to other ranks since the last :meth:`reset_counters`."""
+        self.bytes_moved = 0
+        """Bytes that crossed ranks in every exchange since :meth:`reset_counters`, summed over
+        all ranks (the same number on every rank: it comes from the count matrices)."""
 
     def reset_counters(self) -> None:
         """Zero the byte counter."""
-        self.bytes_sent = 0
+        self.bytes_moved = 0
 
-    def all_gather_metadata(
-        self, local: Sequence[tuple[int, SampleMeta]]
-    ) -> list[list[tuple[int, SampleMeta]]]:
-        """Every rank's ``(stream index, metadata)`` list, in group rank order."""
-        gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, [(k, s.to_json()) for k, s in local], group=self.group)
-        return [
-            [(k, SampleMeta.from_json(obj, f"rank {r}")) for k, obj in items]
-            for r, items in enumerate(gathered)
-        ]
+    def all_gather_arrays(self, local: np.ndarray) -> list[np.ndarray]:
+        """Every rank's 1-D int64 array (the encoded metadata), in group rank order.
 
-    def check_digest(self, digest: str, what: str = "balance plan") -> None:
-        """Raise :class:`PlanDigestMismatch` naming the ranks whose digest differs from rank 0's."""
+        Two collectives: the lengths, then the arrays padded to the longest.
+        """
+        local = np.ascontiguousarray(local, dtype=np.int64)
+        device = self._device()
+        size = torch.tensor([local.size], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world)]
+        dist.all_gather(sizes, size, group=self.group)
+        longest = max(int(x) for x in sizes)
+        padded = torch.zeros(longest, dtype=torch.int64, device=device)
+        padded[: local.size] = torch.from_numpy(local).to(device)
+        out = [torch.zeros_like(padded) for _ in range(self.world)]
+        dist.all_gather(out, padded, group=self.group)
+        return [o[: int(n)].cpu().numpy() for o, n in zip(out, sizes)]
+
+    def all_gather_strings(self, local: Sequence[str]) -> list[str]:
+        """Every rank's strings (sample ids), concatenated in group rank order."""
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, digest, group=self.group)
+        dist.all_gather_object(gathered, list(local), group=self.group)
+        return [s for part in gathered for s in part]
+
+    def _device(self) -> torch.device:
+        # NCCL collectives need CUDA tensors; gloo takes CPU ones.
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def check_digest(
+        self, digest: str, what: str = "balance plan", group: dist.ProcessGroup | None = None
+    ) -> None:
+        """Raise :class:`PlanDigestMismatch` naming the ranks whose digest differs from rank 0's.
+
+        Args:
+            digest: this rank's digest.
+            what: names the digest in the error.
+            group: where the digests must agree; default the whole world, since every DP
+                group (one per pipeline stage, one per TP rank) plans the same samples.
+        """
+        world = dist.get_world_size(group)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, digest, group=group)
         bad = [r for r, d in enumerate(gathered) if d != gathered[0]]
         if bad:
             detail = ", ".join(f"rank {r}: {gathered[r][:12]}" for r in [0, *bad])
             raise PlanDigestMismatch(
-                f"{what} digest differs across data-parallel ranks {bad} vs rank 0 ({detail}): "
-                "the ranks saw different metadata or planned nondeterministically"
+                f"{what} digest differs across ranks {bad} vs rank 0 ({detail}): the ranks "
+                "saw different sample metadata, or planned with different flags"
             )
 
     def exchange(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
@@ -182,6 +209,7 @@ class Dispatcher:
                 f"{int(counts[self.rank].sum())}"
             )
         row_bytes = rows.element_size() * int(np.prod(rows.shape[1:], dtype=np.int64))
+        self.bytes_moved += row_bytes * int(counts.sum() - np.trace(counts))
         if not self.node_wise:
             send_sizes = [int(c) for c in counts[self.rank]]
             recv_sizes = [int(c) for c in counts[:, self.rank]]
@@ -193,7 +221,6 @@ class Dispatcher:
                 input_split_sizes=send_sizes,
                 group=self.group,
             )
-            self.bytes_sent += row_bytes * (sum(send_sizes) - send_sizes[self.rank])
             return recv
         held = {}  # (src, dst) -> the block of rows this rank holds now
         offset = 0
@@ -217,7 +244,6 @@ class Dispatcher:
                 input_split_sizes=send_sizes,
                 group=self.group,
             )
-            self.bytes_sent += row_bytes * (sum(send_sizes) - send_sizes[self.rank])
             held = {}
             offset = 0
             for p in range(self.world):

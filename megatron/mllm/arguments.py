@@ -88,6 +88,58 @@ def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="Features per audio frame (mel bins) fed to the audio encoder. Default: %(default)s.",
     )
 
+    group = parser.add_argument_group(title="OrchWeave: batch post-balancing (OrchMLLM)")
+    group.add_argument(
+        "--post-balance",
+        choices=["none", "lpt", "kk", "auto"],
+        default="none",
+        help="Re-balance every iteration's work across data-parallel ranks after loading: "
+        "per phase (each encoder, then the LLM) with PP=1, whole samples across DP groups with "
+        "PP>1. lpt/kk: greedy or Karmarkar-Karp plus a refinement pass; auto: the best of all "
+        "within a small budget. none: upstream Megatron. Default: %(default)s.",
+    )
+    group.add_argument(
+        "--balance-phases",
+        nargs="+",
+        choices=["vision", "audio", "llm"],
+        default=["vision", "audio", "llm"],
+        help="Phases to balance with PP=1; the others keep the loader's assignment. "
+        "Default: all.",
+    )
+    group.add_argument(
+        "--node-wise-a2a",
+        action="store_true",
+        help="Move data with the node-wise all-to-all (one message per node pair) instead of "
+        "one flat all-to-all.",
+    )
+    group.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="Ranks per node, for node-aware placement and --node-wise-a2a. Default: "
+        "$LOCAL_WORLD_SIZE (set by torchrun), else the visible GPUs, else 8.",
+    )
+    group.add_argument(
+        "--no-check-plan-digest",
+        dest="check_plan_digest",
+        action="store_false",
+        help="Skip comparing the balance plan's digest across DP ranks every iteration.",
+    )
+    group.add_argument(
+        "--post-balance-token-caps",
+        nargs="+",
+        default=[],
+        metavar="PHASE=TOKENS",
+        help="Largest summed tokens a rank may get in a phase (memory), e.g. vision=8192 "
+        "llm=16384. A single item larger than its cap is an error naming the sample.",
+    )
+    group.add_argument(
+        "--cost-calibration",
+        default=None,
+        help="Calibration JSON of measured per-layer times (tools/calibrate.py) for the "
+        "balancer's cost model. Default: costs from the model's FLOPs.",
+    )
+
     group = parser.add_argument_group(title="OrchWeave: projectors and logging")
     group.add_argument(
         "--projector-type",
@@ -196,3 +248,29 @@ def finish_arguments(args: argparse.Namespace) -> None:
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
+    args.post_balance_caps = _parse_caps(args.post_balance_token_caps)
+    if args.gpus_per_node is None:
+        args.gpus_per_node = _default_gpus_per_node()
+    if args.gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+
+
+def _parse_caps(items: Sequence[str]) -> dict[str, int]:
+    caps = {}
+    for item in items:
+        phase, _, value = item.partition("=")
+        if phase not in ("vision", "audio", "llm") or not value.isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"--post-balance-token-caps: expected PHASE=TOKENS with PHASE in vision, audio, "
+                f"llm and TOKENS a positive integer, got {item!r}"
+            )
+        caps[phase] = int(value)
+    return caps
+
+
+def _default_gpus_per_node() -> int:
+    if os.getenv("LOCAL_WORLD_SIZE"):
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    import torch
+
+    return torch.cuda.device_count() or 8

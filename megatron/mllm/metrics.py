@@ -64,9 +64,20 @@ class IntervalStats:
     loss_sum: float = 0.0
     loss_tokens: float = 0.0
     imbalance_sums: dict[str, float] = field(default_factory=dict)
+    balanced_sums: dict[str, float] = field(default_factory=dict)
+    bytes_moved: int = 0
 
-    def add(self, seconds: float, samples: int, tokens: int, flops: float, imb: dict[str, float]):
-        """Record one iteration."""
+    def add(
+        self,
+        seconds: float,
+        samples: int,
+        tokens: int,
+        flops: float,
+        imb: dict[str, float],
+        balanced: dict[str, float] | None = None,
+        bytes_moved: int = 0,
+    ):
+        """Record one iteration; ``balanced`` is the imbalance after post-balancing."""
         self.iterations += 1
         self.seconds += seconds
         self.samples += samples
@@ -74,6 +85,9 @@ class IntervalStats:
         self.flops += flops
         for k, v in imb.items():
             self.imbalance_sums[k] = self.imbalance_sums.get(k, 0.0) + v
+        for k, v in (balanced or {}).items():
+            self.balanced_sums[k] = self.balanced_sums.get(k, 0.0) + v
+        self.bytes_moved += bytes_moved
 
 
 def format_log_line(
@@ -107,8 +121,15 @@ def format_log_line(
     if grad_norm is not None:
         parts.append(f"grad norm: {grad_norm:.3f}")
     if stats.imbalance_sums:
-        imb = " ".join(f"{k} {v / n:.3f}" for k, v in stats.imbalance_sums.items())
-        parts.append(f"DP imbalance max/mean: {imb}")
+        shown = []
+        for k, v in stats.imbalance_sums.items():
+            if k in stats.balanced_sums:
+                shown.append(f"{k} {v / n:.3f}->{stats.balanced_sums[k] / n:.3f}")
+            else:
+                shown.append(f"{k} {v / n:.3f}")
+        parts.append(f"DP imbalance max/mean: {' '.join(shown)}")
+    if stats.balanced_sums:
+        parts.append(f"bytes moved per iteration: {stats.bytes_moved / n / 1e6:.3f} MB")
     return " | ".join(parts) + " |"
 
 

@@ -36,6 +36,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # n
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.mllm import checkpointing  # noqa: E402
+from megatron.mllm.balanced import PostBalancer  # noqa: E402
 from megatron.mllm.batch import PackedMicrobatch, build_microbatch  # noqa: E402
 from megatron.mllm.config import mllm_config_from_args  # noqa: E402
 from megatron.mllm.data import (  # noqa: E402
@@ -53,6 +54,7 @@ from megatron.mllm.metrics import (  # noqa: E402
     write_metrics,
 )
 from megatron.mllm.model import PipelineStageModel, baseline_stage_chunks  # noqa: E402
+from orchestration.calibration import Calibration  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +208,20 @@ class Trainer:
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
         self.forward_backward_func = get_forward_backward_func(pp_size=self.pp_size, vp_size=None)
+        self.balancer = None
+        self.balance_stats = None
+        if args.post_balance != "none":
+            calibration = Calibration.load(args.cost_calibration) if args.cost_calibration else None
+            self.balancer = PostBalancer(
+                self,
+                args.post_balance,
+                phases=args.balance_phases,
+                node_wise=args.node_wise_a2a,
+                gpus_per_node=args.gpus_per_node,
+                check_digest=args.check_plan_digest,
+                caps=args.post_balance_caps,
+                calibration=calibration,
+            )
         self.iteration = 0
         if args.load:
             self.iteration = checkpointing.load_checkpoint(
@@ -270,6 +286,32 @@ class Trainer:
         batch = next(data_iterator)
         return model(batch), partial(self._loss_func, batch.language.loss_mask)
 
+    def local_samples(self, iteration: int) -> list[tuple[int, Any]]:
+        """This DP rank's ``(stream index, metadata)`` for ``iteration``, in loading order."""
+        indices = self.global_batch_indices(iteration)[self.dp_rank]
+        return [(k, self.source.meta(k)) for mb in indices for k in mb]
+
+    def run_iteration(self, iteration: int):
+        """Forward and backward of one global batch, balanced or not; returns the loss dicts."""
+        self.balance_stats = None
+        if self.balancer is None:
+            indices = self.global_batch_indices(iteration)[self.dp_rank]
+            return self.forward_backward(self.microbatches(indices))
+        local = self.local_samples(iteration)
+        if self.pp_size == 1:
+            self.ddp_model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            losses, self.balance_stats = self.balancer.forward_backward(local)
+            return losses
+        microbatches, self.balance_stats = self.balancer.whole_sample_microbatches(local)
+        # Each pipeline stage moved what it needs within its own DP group: add them up.
+        moved = torch.tensor(
+            [self.balance_stats.bytes_moved], dtype=torch.float64, device=self.device
+        )
+        dist.all_reduce(moved, group=self.pg_collection.pp)
+        self.balance_stats.bytes_moved = int(moved.item())
+        return self.forward_backward(microbatches)
+
     def forward_backward(self, microbatches: list[PackedMicrobatch], forward_only: bool = False):
         """Run megatron-core's schedule over this rank's microbatches; returns its loss dicts."""
         self.ddp_model.zero_grad_buffer()
@@ -294,7 +336,7 @@ class Trainer:
                 self.args.seq_length,
                 d,
             )
-        losses = self.forward_backward(self.microbatches(everyone[self.dp_rank]))
+        losses = self.run_iteration(iteration)
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=self.args.global_batch_size)
@@ -356,7 +398,23 @@ class Trainer:
             self.iteration += 1
             results.append(result)
             m = self.iteration_metrics(self.iteration - 1)
-            stats.add(seconds, m["samples"], m["tokens"], m["flops"], m["imbalance"])
+            balanced = self.balance_stats
+            if balanced is not None:
+                # Before and after both come from the plan's cost model, so they compare.
+                m["imbalance"] = dict(balanced.imbalance_before)
+                m["imbalance_balanced"] = balanced.imbalance_after
+                m["bytes_moved"] = balanced.bytes_moved
+                m["moved_fraction"] = balanced.moved_fraction
+                m["num_microbatches"] = balanced.num_microbatches
+            stats.add(
+                seconds,
+                m["samples"],
+                m["tokens"],
+                m["flops"],
+                m["imbalance"],
+                None if balanced is None else balanced.imbalance_after,
+                0 if balanced is None else balanced.bytes_moved,
+            )
             if is_logger and args.metrics_jsonl:
                 write_metrics(
                     args.metrics_jsonl,
@@ -425,9 +483,20 @@ class Trainer:
         encs = ", ".join(
             f"{n}: {e.num_layers} layers x {e.hidden_size}" for n, e in self.mllm.encoders.items()
         )
+        if self.balancer is None:
+            balance = "post-balance: none"
+        elif self.pp_size == 1:
+            balance = f"post-balance: {args.post_balance}, per phase {args.balance_phases}"
+        else:
+            balance = f"post-balance: {args.post_balance}, whole samples across DP groups"
+        if args.node_wise_a2a and self.balancer is not None:
+            balance += f", node-wise all-to-all ({args.gpus_per_node} ranks per node)"
+        schedule = self.forward_backward_func.__name__
+        if self.balancer is not None and self.pp_size == 1:
+            schedule = "orchestrated two-hop (encoders, then LLM microbatches)"
         print(
             f"> OrchWeave: TP={args.tensor_model_parallel_size} PP={self.pp_size} "
-            f"DP={self.dp_size} | schedule: megatron ({self.forward_backward_func.__name__}) | "
+            f"DP={self.dp_size} | {balance} | schedule: {schedule} | "
             f"encoders on stage 0 ({encs}) | LLM {args.num_layers} layers x {args.hidden_size}, "
             f"{args.num_layers // self.pp_size} per stage | {self.num_microbatches} microbatches "
             f"of {args.micro_batch_size} samples per rank | workload {args.workload} "
@@ -442,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/pretrain_mllm.py``."""
     from megatron.mllm.arguments import ConfigError, parse_arguments
     from megatron.mllm.data import SequenceTooLongError
+    from orchestration.balance import InfeasibleCapError
+    from orchestration.dispatcher import PlanDigestMismatch
     from orchestration.workload import WorkloadError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -449,7 +520,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_arguments(argv)
         trainer = Trainer(args)
         trainer.train()
-    except (ConfigError, WorkloadError, SequenceTooLongError, checkpointing.CheckpointError) as e:
+    except (
+        ConfigError,
+        WorkloadError,
+        SequenceTooLongError,
+        checkpointing.CheckpointError,
+        PlanDigestMismatch,
+        InfeasibleCapError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:

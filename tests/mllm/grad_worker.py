@@ -1,6 +1,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """torchrun worker: one forward/backward of iteration 0's global batch, grads saved by name.
 
+Runs whatever the flags select (baseline or post-balanced, any layout).
+
 Usage: grad_worker.py OUT_DIR [trainer flags...]. Writes OUT_DIR/rank{R}.pt with the
 finalized main gradients (layout-independent names), the loss sum and token count.
 """
@@ -18,8 +20,7 @@ from megatron.mllm.training import Trainer
 def main() -> None:
     out_dir, argv = sys.argv[1], sys.argv[2:]
     trainer = Trainer(parse_arguments(argv))
-    indices = trainer.global_batch_indices(0)[trainer.dp_rank]
-    losses = trainer.forward_backward(trainer.microbatches(indices))
+    losses = trainer.run_iteration(0)
     loss = None
     if losses:
         loss = torch.stack([d["lm loss"] for d in losses]).sum(0)

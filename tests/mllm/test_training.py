@@ -8,25 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from equivalence import TINY, assert_equivalent, gradients
 from launch import REPO, check, main_job, torchrun
 
 from orchestration.workload import WorkloadGenerator, WorkloadSpec
 
 pytestmark = pytest.mark.multiproc
-
-GRAD_WORKER = Path(__file__).with_name("grad_worker.py")
-
-# A tiny model on the default workload: every module (vision, audio, LLM) gets work.
-TINY = [
-    "--distributed-backend", "gloo", "--transformer-impl", "local",
-    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-    "--seq-length", "256", "--max-position-embeddings", "256", "--vocab-size", "256",
-    "--vision-num-layers", "2", "--vision-patch-size", "2", "--audio-num-layers", "1",
-    "--audio-feature-dim", "16", "--workload-token-scale", "0.03125",
-    "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "1",
-    "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0",
-    "--synthetic-num-classes", "8",
-]  # fmt: skip
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -99,63 +86,6 @@ def test_resume_continues_exactly(dp2_run, tmp_path):
 # ------------------------------------------------------------------------ gradient equivalence
 
 
-def _grads(
-    tmp_path: Path, nproc: int, extra: list[str], tp: int = 1
-) -> tuple[dict, dict, torch.Tensor]:
-    """Gradients, initial parameters and loss of one step, merged over ranks by global name.
-
-    With TP, rank ``r`` holds shard ``r % tp`` of sharded tensors; shards are concatenated along
-    the dimension where their shape differs from the full tensor's (``reference`` has TP=1).
-    """
-    out = tmp_path / f"grads_{nproc}_{'_'.join(extra) or 'ref'}"
-    out.mkdir()
-    check(torchrun(nproc, GRAD_WORKER, [str(out), *TINY, *extra]))
-    data = [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
-    grads, params, loss = {}, {}, None
-    for r in range(0, nproc, tp):  # one TP group at a time
-        group = data[r : r + tp]
-        for key, merged in (("grads", grads), ("params", params)):
-            for name in group[0][key]:
-                shards = [d[key][name] for d in group]
-                full = shards[0]
-                if name in _FULL_SHAPES and full.shape != _FULL_SHAPES[name]:
-                    full = torch.cat(shards, _shard_dim(name, full))
-                if key == "grads" and name in merged:  # replicated over DP: replicas agree
-                    torch.testing.assert_close(full, merged[name], rtol=1e-6, atol=0)
-                merged[name] = full
-        loss = next((d["loss"] for d in group if d["loss"] is not None), loss)
-    return grads, params, loss
-
-
-_FULL_SHAPES: dict[str, torch.Size] = {}
-
-
-def _shard_dim(name: str, shard: torch.Tensor) -> int:
-    full = _FULL_SHAPES[name]
-    return next(i for i in range(shard.dim()) if shard.shape[i] != full[i])
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """PP=1, DP=1, TP=1: one process sees the whole global batch."""
-    ref = _grads(tmp_path_factory.mktemp("ref"), 1, [])
-    _FULL_SHAPES.update({name: g.shape for name, g in ref[0].items()})
-    return ref
-
-
-def _assert_equivalent(run, reference) -> None:
-    grads, params, loss = run
-    ref_grads, ref_params, ref_loss = reference
-    assert set(grads) == set(ref_grads)
-    for name, p in params.items():
-        assert torch.equal(p, ref_params[name]), f"initial weights of {name} differ"
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
-    for name, g in grads.items():
-        ref = ref_grads[name]
-        rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
-        assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
-
-
 def test_reference_gradients_reach_every_module(reference):
     grads, _, loss = reference
     assert float(loss[1]) > 0
@@ -166,19 +96,19 @@ def test_reference_gradients_reach_every_module(reference):
 
 
 def test_pp2_gradients_equal_pp1(tmp_path, reference):
-    _assert_equivalent(_grads(tmp_path, 2, ["--pipeline-model-parallel-size", "2"]), reference)
+    assert_equivalent(gradients(tmp_path, 2, ["--pipeline-model-parallel-size", "2"]), reference)
 
 
 def test_dp2_gradients_equal_dp1(tmp_path, reference):
-    _assert_equivalent(_grads(tmp_path, 2, []), reference)
+    assert_equivalent(gradients(tmp_path, 2, []), reference)
 
 
 def test_tp2_gradients_equal_tp1(tmp_path, reference):
-    run = _grads(tmp_path, 2, ["--tensor-model-parallel-size", "2"], tp=2)
+    run = gradients(tmp_path, 2, ["--tensor-model-parallel-size", "2"], tp=2)
     shard = torch.load(next(tmp_path.glob("grads_2_*/rank0.pt")))["grads"]
-    sharded = [n for n, g in shard.items() if g.shape != _FULL_SHAPES[n]]
+    sharded = [n for n, g in shard.items() if g.shape != reference[0][n].shape]
     assert len(sharded) > 10, f"TP=2 sharded only {sharded}"
-    _assert_equivalent(run, reference)
+    assert_equivalent(run, reference)
 
 
 # ------------------------------------------------------------------------------- bad input

@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 
 from orchestration.dispatcher import Dispatcher, PlanDigestMismatch
-from orchestration.workload import Item, SampleMeta
 
 
 def rows_for(rank: int, counts: np.ndarray) -> torch.Tensor:
@@ -52,18 +51,22 @@ def main() -> None:
             w = y[:, 3:4] * 2.0 + 1.0
             (y * w.detach()).sum().backward()
             assert torch.equal(xg.grad, (x[:, 3:4] * 2.0 + 1.0).expand_as(x)), (trial, rank)
-    meta = [
-        (rank * 10 + i, SampleMeta(f"s{rank}-{i}", 5 + i, image=(Item((4,), 1),)))
-        for i in range(rank)
+    local = np.arange(rank * 3, dtype=np.int64) + 100 * rank  # ranks hold different lengths
+    gathered = direct.all_gather_arrays(local)
+    assert [g.tolist() for g in gathered] == [
+        (np.arange(r * 3) + 100 * r).tolist() for r in range(world)
     ]
-    gathered = direct.all_gather_metadata(meta)
-    assert [len(g) for g in gathered] == list(range(world))
-    assert gathered[rank] == meta
+    names = direct.all_gather_strings([f"s{rank}-{i}" for i in range(rank)])
+    assert names == [f"s{r}-{i}" for r in range(world) for i in range(r)]
+    counts = np.full((world, world), 2)
+    direct.reset_counters()
+    direct.exchange(rows_for(rank, counts), counts)
+    assert direct.bytes_moved == 2 * (world * world - world) * 4 * 8
     direct.check_digest("same")
     try:
         direct.check_digest("odd" if rank == 3 else "same")
     except PlanDigestMismatch as e:
-        assert "ranks [3]" in str(e), str(e)
+        assert "ranks [3] vs rank 0" in str(e), str(e)
         print(f"rank {rank}: mismatch detected: {e}", flush=True)
     else:
         raise AssertionError("digest mismatch not detected")
