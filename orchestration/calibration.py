@@ -22,6 +22,22 @@ module. The file is JSON::
 
 ``efficiency`` is optional: the fitted fraction of the device's peak FLOP/s and bandwidth that
 SEMU's analytical op costs use when no per-module table applies.
+
+Optional extensions, all written by ``tools/calibrate.py`` and read by SEMU (older files without
+them stay valid):
+
+* per module, ``per_sequence_s`` (extra fixed cost per packed sequence beyond the first),
+  ``input_s_per_token`` / ``head_s_per_token`` (the input layer and the head separately; when
+  absent, ``edge_s_per_token`` is charged to the chunk that holds the head), and the activation
+  bytes kept for backward: ``act_bytes_per_token`` + ``act_bytes_per_token_sq`` * n**2 per layer
+  and sequence, ``input_act_bytes_per_token``, ``head_act_bytes_per_token``;
+* ``hardware``: measured ``peak_flops`` and ``hbm_bandwidth`` of the device (fills SEMU's
+  ``cpu`` entry);
+* ``comm``: ``p2p_latency_s``, ``p2p_bandwidth`` (bytes/s) of the transport between ranks;
+* ``host``: seconds of host work the step pays outside the layers: ``step_s`` (fixed per step),
+  ``microbatch_s`` (per microbatch and rank), ``stage_s`` (per forward or backward of a chunk),
+  ``sample_s`` (building one sample's payload), ``feature_s_per_element`` (generating encoder
+  input features), ``optimizer_s_per_param`` (one optimizer step per local parameter).
 """
 
 from __future__ import annotations
@@ -51,9 +67,42 @@ class LayerTimeModel:
     edge_s_per_token: float = 0.0
     """Forward seconds per token outside the layers (input embedding, projector or LM head)."""
 
+    per_sequence_s: float = 0.0
+    """Extra fixed cost of each packed sequence beyond the first (per-sequence attention)."""
+
+    input_s_per_token: float | None = None
+    """Forward seconds per token of the input layer alone (first chunk); None: unknown."""
+
+    head_s_per_token: float | None = None
+    """Forward seconds per token of the head alone (last chunk); None: unknown."""
+
+    act_bytes_per_token: float | None = None
+    """Activation bytes one layer keeps for backward, per token; None: not measured."""
+
+    act_bytes_per_token_sq: float = 0.0
+    """Activation bytes one layer keeps per squared sequence length (score matrices)."""
+
+    input_act_bytes_per_token: float | None = None
+    """Activation bytes the input layer keeps, per token."""
+
+    head_act_bytes_per_token: float | None = None
+    """Activation bytes the head keeps, per token of the module."""
+
     def forward_s(self, n: float) -> float:
         """Forward seconds of one layer on one sequence of ``n`` tokens."""
         return self.const_s + self.linear_s * n + self.quadratic_s * n * n
+
+    def forward_packed_s(self, seq_lens) -> float:
+        """Forward seconds of one layer on packed independent sequences (one layer call)."""
+        lens = list(seq_lens)
+        if not lens:
+            return 0.0
+        return (
+            self.const_s
+            + self.per_sequence_s * (len(lens) - 1)
+            + self.linear_s * sum(lens)
+            + self.quadratic_s * sum(n * n for n in lens)
+        )
 
     def train_s(self, n: float) -> float:
         """Forward plus backward seconds of one layer on one sequence of ``n`` tokens."""
@@ -79,15 +128,28 @@ class Calibration:
     source: str = ""
     """How and when it was measured."""
 
+    hardware: dict[str, float] = field(default_factory=dict)
+    """Optional measured device peaks: ``peak_flops``, ``hbm_bandwidth``."""
+
+    comm: dict[str, float] = field(default_factory=dict)
+    """Optional transport figures: ``p2p_latency_s``, ``p2p_bandwidth``."""
+
+    host: dict[str, float] = field(default_factory=dict)
+    """Optional host-side costs of a step (see the module docstring)."""
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this calibration."""
-        return {
+        out = {
             "device": self.device,
             "source": self.source,
             "model": self.model,
             "modules": {k: asdict(v) for k, v in self.modules.items()},
             "efficiency": self.efficiency,
         }
+        for key in ("hardware", "comm", "host"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "calibration") -> "Calibration":
@@ -102,6 +164,9 @@ class Calibration:
             model=dict(obj.get("model", {})),
             efficiency=dict(obj.get("efficiency", {})),
             source=str(obj.get("source", "")),
+            hardware={k: float(v) for k, v in obj.get("hardware", {}).items()},
+            comm={k: float(v) for k, v in obj.get("comm", {}).items()},
+            host={k: float(v) for k, v in obj.get("host", {}).items()},
         )
 
     @classmethod

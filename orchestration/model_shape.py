@@ -49,6 +49,17 @@ class TransformerShape:
     output_flops_per_token: float = 0.0
     """Forward FLOPs per token after the last layer (LM head; projector per output token)."""
 
+    embedding_params: int = 0
+    """Parameters of lookup-table input layers (token and position embeddings): memory and
+    optimizer state, but no FLOPs. The input and output layers' matrices are derived from
+    ``input_flops_per_token`` and ``output_flops_per_token`` (2 FLOPs per weight per token)."""
+
+    add_bias_linear: bool = True
+    """Linear layers have biases (Megatron's default; ``--disable-bias-linear`` clears it)."""
+
+    normalization: str = "LayerNorm"
+    """``LayerNorm`` (weight and bias) or ``RMSNorm`` (weight only)."""
+
     @property
     def kv_channels(self) -> int:
         """Width of one attention head."""
@@ -62,6 +73,26 @@ class TransformerShape:
         proj = 2 * h * h
         mlp = 2 * h * self.ffn_hidden_size * (3 if self.gated_mlp else 2)
         return float(qkv + proj + mlp)
+
+    def layer_params(self) -> int:
+        """Parameters of one layer: the linear weights, their biases and the two norms."""
+        h = self.hidden_size
+        groups = self.num_query_groups or self.num_attention_heads
+        weights = int(self.layer_linear_flops_per_token()) // 2
+        biases = 0
+        if self.add_bias_linear:
+            fc1 = self.ffn_hidden_size * (2 if self.gated_mlp else 1)
+            biases = (h + 2 * groups * self.kv_channels) + h + fc1 + h
+        norms = 2 * h * (2 if self.normalization == "LayerNorm" else 1)
+        return weights + biases + norms
+
+    def edge_params(self) -> int:
+        """Parameters outside the layers: input layer, embeddings, head (or projector)."""
+        return (
+            int(self.input_flops_per_token) // 2
+            + int(self.output_flops_per_token) // 2
+            + self.embedding_params
+        )
 
     def layer_attention_flops(self, seq_len: int) -> float:
         """Forward FLOPs of one layer's scores and weighted sum for one sequence."""
@@ -88,6 +119,22 @@ class ModelShape:
 
     encoders: Mapping[str, TransformerShape] = field(default_factory=dict)
     """Encoders by phase name ("vision", "audio"); the projector is in ``output_flops_per_token``."""
+
+    params_dtype_bytes: int = 2
+    """Bytes of one parameter and one activation element: 2 for bf16/fp16, 4 for fp32."""
+
+    def module(self, phase: str) -> TransformerShape:
+        """The shape of one module: "llm" or an encoder's phase name."""
+        return self.llm if phase == "llm" else self.encoders[phase]
+
+    def module_params(self, phase: str) -> int:
+        """Parameters of one module: its layers plus its input layer and head/projector."""
+        shape = self.module(phase)
+        return shape.num_layers * shape.layer_params() + shape.edge_params()
+
+    def total_params(self) -> int:
+        """Parameters of the whole model."""
+        return self.module_params("llm") + sum(self.module_params(e) for e in self.encoders)
 
     def phase_flops(self, phase: str, seq_lens: Iterable[int], output_tokens: int = 0) -> float:
         """Training FLOPs of one phase over independent sequences (units, or LLM samples).

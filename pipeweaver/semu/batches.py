@@ -1,0 +1,175 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Microbatch metadata as SEMU reads it, built from samples the way the trainer packs them.
+
+A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows
+they produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
+:class:`~orchestration.workload.SampleMeta` alone, mirroring ``megatron.mllm.batch``
+(``build_microbatch``, ``padding_runs``) and ``megatron.mllm.data.microbatch_indices``, which
+pipeweaver may not import (tests check that both sides agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from pipeweaver.ir import MicrobatchStructure
+
+
+@dataclass(frozen=True)
+class SubBatch:
+    """One sub-microbatch of an encoder."""
+
+    units: tuple[int, ...]
+    """Encoder tokens of each unit, in packing order (each unit attends only to itself)."""
+
+    rows: int
+    """LLM rows the sub's items produce (their ``llm_tokens``)."""
+
+
+@dataclass(frozen=True)
+class MicrobatchMeta:
+    """The shapes of one microbatch, per module."""
+
+    llm_seq_lens: tuple[int, ...]
+    """Packed LLM sequences: one per sample, then the padding runs."""
+
+    real_tokens: int
+    """LLM tokens that are not padding."""
+
+    encoders: Mapping[str, tuple[SubBatch, ...]] = field(default_factory=dict)
+    """Per encoder with units in this microbatch, its subs."""
+
+    model_flops: float = 0.0
+    """Model training FLOPs of the samples (real tokens only), for MFU."""
+
+    num_samples: int = 0
+    """Samples packed in it (0: unknown; host costs then count every LLM sequence)."""
+
+    def __hash__(self) -> int:
+        return hash((self.llm_seq_lens, self.real_tokens, tuple(sorted(self.encoders.items()))))
+
+    def num_subs(self, encoder: str) -> int:
+        """Subs of an encoder (0 when absent)."""
+        return len(self.encoders.get(encoder, ()))
+
+
+def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:
+    """Padding sequences filling ``packed`` tokens up to ``pad_to`` (as the trainer pads)."""
+    if pad_to is None or packed >= pad_to:
+        return []
+    pad = pad_to - packed
+    return [max_run] * (pad // max_run) + ([pad % max_run] if pad % max_run else [])
+
+
+def megatron_microbatch_indices(
+    iteration: int, dp_rank: int, dp_size: int, micro_batch_size: int, num_microbatches: int
+) -> list[list[int]]:
+    """Stream indices of one DP rank's microbatches, in Megatron's sampler order."""
+    global_batch = micro_batch_size * dp_size * num_microbatches
+    base = iteration * global_batch
+    out = []
+    for m in range(num_microbatches):
+        start = base + m * micro_batch_size * dp_size + dp_rank * micro_batch_size
+        out.append(list(range(start, start + micro_batch_size)))
+    return out
+
+
+def pack_microbatch(
+    samples: Sequence[SampleMeta],
+    encoders: Sequence[str],
+    pad_to: int | None = None,
+    max_pad_run: int | None = None,
+    items_per_sub: Mapping[str, int] | None = None,
+    flops_of: Callable[[SampleMeta], float] | None = None,
+) -> MicrobatchMeta:
+    """The shapes of a microbatch of ``samples``, packed as the trainer packs them.
+
+    Args:
+        samples: in packing order.
+        encoders: encoders the model has (items of others are ignored, as the model has no
+            place for them; the trainer rejects them).
+        pad_to: pad the LLM sequence to this many tokens (PP > 1 baseline).
+        max_pad_run: longest padding run (the sequence length).
+        items_per_sub: per encoder, items per sub-microbatch (0 or absent: one sub). Items
+            stay whole: an item's units pool together into its LLM rows.
+        flops_of: model FLOPs of a sample (for MFU), e.g. ``ModelShape.sample_phase_flops``.
+    """
+    lens = [s.llm_tokens for s in samples]
+    real = sum(lens)
+    lens += padding_runs(real, pad_to, max_pad_run or pad_to or 1)
+    per_sub = items_per_sub or {}
+    enc_out = {}
+    for enc in encoders:
+        items = [
+            item
+            for s in samples
+            for m in MODALITIES
+            if ENCODER_OF_MODALITY[m] == enc
+            for item in s.items(m)
+        ]
+        if not items:
+            continue
+        size = per_sub.get(enc) or len(items)
+        subs = []
+        for lo in range(0, len(items), size):
+            group = items[lo : lo + size]
+            subs.append(
+                SubBatch(
+                    tuple(u for it in group for u in it.units), sum(it.llm_tokens for it in group)
+                )
+            )
+        enc_out[enc] = tuple(subs)
+    flops = sum(flops_of(s) for s in samples) if flops_of is not None else 0.0
+    return MicrobatchMeta(tuple(lens), real, enc_out, flops, len(samples))
+
+
+def structure_of(
+    microbatches: Sequence[MicrobatchMeta], encoders: Sequence[str]
+) -> MicrobatchStructure:
+    """The IR's microbatch structure (subs per encoder and microbatch)."""
+    return MicrobatchStructure(
+        len(microbatches), {e: tuple(mb.num_subs(e) for mb in microbatches) for e in encoders}
+    )
+
+
+def step_microbatches(
+    sample_of: Callable[[int], SampleMeta],
+    iteration: int,
+    data_parallel: int,
+    micro_batch_size: int,
+    num_microbatches: int,
+    encoders: Sequence[str],
+    pad_to: int | None = None,
+    max_pad_run: int | None = None,
+    items_per_sub: Mapping[str, int] | None = None,
+    flops_of: Callable[[SampleMeta], float] | None = None,
+) -> list[list[MicrobatchMeta]]:
+    """Every DP rank's microbatches of one iteration, as the trainer forms them.
+
+    Args:
+        sample_of: stream index -> sample metadata (e.g. ``WorkloadGenerator.sample``).
+
+    Returns:
+        ``[dp_rank][microbatch]``.
+    """
+    out = []
+    for d in range(data_parallel):
+        idx = megatron_microbatch_indices(
+            iteration, d, data_parallel, micro_batch_size, num_microbatches
+        )
+        out.append(
+            [
+                pack_microbatch(
+                    [sample_of(k) for k in mb],
+                    encoders,
+                    pad_to,
+                    max_pad_run,
+                    items_per_sub,
+                    flops_of,
+                )
+                for mb in idx
+            ]
+        )
+    return out

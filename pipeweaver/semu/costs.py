@@ -1,0 +1,307 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Time of every stage and collective on a cluster.
+
+Compute: each op (a chunk's linear work, its attention, its input layer or head) takes
+
+    max(FLOPs / (peak x efficiency), bytes / (memory bandwidth x memory efficiency))
+
+(DIP's analytical model, pipeweaver.md section 4.1), plus the chunk's tensor-parallel
+collectives, which Megatron does not overlap. A :class:`~orchestration.calibration.Calibration`
+replaces this with measured per-layer times for the modules it covers: then a layer over packed
+sequences of lengths n_i takes ``const + per_sequence * (k - 1) + linear * sum(n_i) +
+quadratic * sum(n_i**2)`` (forward; backward = ``backward_ratio`` x forward), plus the measured
+input layer and head per token.
+
+Communication (per device, bytes per direction):
+
+* p2p: ``latency + bytes / (bandwidth x efficiency)``, NVLink inside a node, the NIC between;
+* ring all-reduce over n devices: ``2 (n-1) latency + 2 (n-1)/n bytes / bandwidth``;
+* reduce-scatter and all-gather: half of that;
+* all-to-all: each device sends and receives its bytes for the others; the slowest device
+  sets the time, with the share that stays in its node on NVLink and the rest on its NIC.
+
+A group that spans nodes runs at the network bandwidth (rail-optimised fabrics give each GPU its
+own NIC, peers.md 4.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+from orchestration.calibration import Calibration, LayerTimeModel
+from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.model import ModelCosts, ModelSpec, StageWork
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Time and memory of one stage on one device."""
+
+    time_s: float
+    """Duration of the compute, TP collectives included."""
+
+    kept_bytes: float
+    """Activation bytes kept from its F to its B."""
+
+    transient_bytes: float
+    """Extra bytes alive during the compute only."""
+
+
+class CommModel:
+    """Collective and point-to-point times on a cluster.
+
+    Args:
+        cluster: devices and their links.
+        calibration: its ``comm`` section, when given, replaces the device's p2p latency and
+            bandwidth (both intra- and inter-node: the CPU job has one host).
+    """
+
+    def __init__(self, cluster: ClusterSpec, calibration: Calibration | None = None):
+        dev, eff = cluster.device, cluster.efficiency
+        self.cluster = cluster
+        self.intra_bw = dev.intra_node_bandwidth * eff.intra_node
+        self.inter_bw = dev.inter_node_bandwidth * eff.inter_node
+        self.intra_lat = dev.intra_node_latency_s
+        self.inter_lat = dev.inter_node_latency_s
+        comm = calibration.comm if calibration is not None else {}
+        if "p2p_bandwidth" in comm:
+            self.intra_bw = self.inter_bw = float(comm["p2p_bandwidth"])
+        if "p2p_latency_s" in comm:
+            self.intra_lat = self.inter_lat = float(comm["p2p_latency_s"])
+
+    def _link(self, intra: bool) -> tuple[float, float]:
+        return (self.intra_bw, self.intra_lat) if intra else (self.inter_bw, self.inter_lat)
+
+    def p2p(self, nbytes: float, intra: bool) -> float:
+        """One transfer between two devices."""
+        bw, lat = self._link(intra)
+        return lat + nbytes / bw
+
+    def p2p_parts(self, nbytes: float, intra: bool) -> tuple[float, float]:
+        """``(occupancy, latency)`` of a transfer: the link is busy for the first part."""
+        bw, lat = self._link(intra)
+        return nbytes / bw, lat
+
+    def all_reduce(self, nbytes: float, n: int, intra: bool) -> float:
+        """Ring all-reduce of ``nbytes`` on each of ``n`` devices."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self._link(intra)
+        return 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
+
+    def reduce_scatter(self, nbytes: float, n: int, intra: bool) -> float:
+        """Ring reduce-scatter (or all-gather) of ``nbytes`` per device."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        bw, lat = self._link(intra)
+        return (n - 1) * lat + (n - 1) / n * nbytes / bw
+
+    all_gather = reduce_scatter
+
+    def all_to_all(
+        self, matrix: Sequence[Sequence[float]], ranks: Sequence[int] | None = None
+    ) -> float:
+        """All-to-all where device i sends ``matrix[i][j]`` bytes to device j.
+
+        Args:
+            matrix: n x n bytes (the diagonal stays local and costs nothing).
+            ranks: global ranks of the n devices, to tell intra- from inter-node traffic;
+                default 0..n-1.
+        """
+        n = len(matrix)
+        if n <= 1:
+            return 0.0
+        ranks = list(ranks) if ranks is not None else list(range(n))
+        node = [self.cluster.node_of(r) for r in ranks]
+        worst = 0.0
+        for i in range(n):
+            for direction in (0, 1):
+                intra = inter = 0.0
+                for j in range(n):
+                    if i == j:
+                        continue
+                    b = matrix[i][j] if direction == 0 else matrix[j][i]
+                    if node[i] == node[j]:
+                        intra += b
+                    else:
+                        inter += b
+                t = max(
+                    intra / self.intra_bw + (self.intra_lat if intra else 0.0),
+                    inter / self.inter_bw + (self.inter_lat if inter else 0.0),
+                )
+                worst = max(worst, t)
+        return worst
+
+    def all_to_all_total(self, bytes_per_device: float, n: int, intra: bool) -> float:
+        """All-to-all where each of n devices sends ``bytes_per_device`` spread evenly."""
+        if n <= 1 or bytes_per_device <= 0:
+            return 0.0
+        bw, lat = self._link(intra)
+        return (n - 1) * lat + (n - 1) / n * bytes_per_device / bw
+
+
+class CostModel:
+    """Stage times and memory for one model on one cluster.
+
+    Args:
+        spec: the model and its parallel layout.
+        cluster: the devices.
+        calibration: measured layer times (per module) and fitted efficiency factors; None
+            for the purely analytical model.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, cluster: ClusterSpec, calibration: Calibration | None = None
+    ):
+        self.spec = spec
+        self.cluster = cluster
+        self.calibration = calibration
+        self.costs = ModelCosts(spec, flash_attention=cluster.device.flash_attention)
+        eff = cluster.efficiency
+        if calibration is not None and calibration.efficiency:
+            eff = eff.replace(**calibration.efficiency)
+        dev = cluster.device
+        peak = dev.peak_flops
+        bw = dev.hbm_bandwidth
+        if calibration is not None:
+            peak = float(calibration.hardware.get("peak_flops", peak))
+            bw = float(calibration.hardware.get("hbm_bandwidth", bw))
+        self.peak_flops = peak
+        self.flops_rate = peak * eff.compute
+        self.attention_rate = peak * eff.attention
+        self.memory_rate = bw * eff.memory
+        self.efficiency = eff
+        self.comm = CommModel(cluster, calibration)
+        self.tp_intra = spec.parallel.tensor <= cluster.devices_per_node
+        self.host = dict(calibration.host) if calibration is not None else {}
+        self._fingerprint: str | None = None
+        self._tables: dict[str, LayerTimeModel] = (
+            dict(calibration.modules) if calibration is not None else {}
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything that changes a cost (the reuse caches key on it), so that
+        caches shared between instances never mix two cost models."""
+        if self._fingerprint is None:
+            parts = [
+                repr(self.spec.shape),
+                repr(self.spec.parallel),
+                repr(self.spec.training),
+                repr(self.spec.projector_ffn),
+                repr(self.cluster),
+                json.dumps(self.calibration.to_json(), sort_keys=True) if self.calibration else "",
+            ]
+            self._fingerprint = hashlib.sha1("\n".join(parts).encode()).hexdigest()
+        return self._fingerprint
+
+    def _op(self, flops: float, nbytes: float, rate: float) -> float:
+        return max(flops / rate if flops else 0.0, nbytes / self.memory_rate if nbytes else 0.0)
+
+    def stage(
+        self,
+        module: str,
+        start: int,
+        stop: int,
+        kind: str,
+        memory: str,
+        seq_lens: Sequence[int],
+        out_rows: int = 0,
+    ) -> StageCost:
+        """Time and memory of the F or B of chunk ``[start, stop)`` of ``module``.
+
+        Args:
+            seq_lens: independent sequences (encoder units; LLM samples and padding runs).
+            out_rows: LLM rows an encoder's last chunk produces.
+        """
+        work = self.costs.stage_work(module, start, stop, kind, memory, seq_lens, out_rows)
+        table = self._tables.get(module)
+        if table is not None:
+            time = self._calibrated_time(table, module, start, stop, kind, memory, seq_lens)
+            kept, transient = self._calibrated_memory(
+                table, module, start, stop, memory, seq_lens, work
+            )
+        else:
+            time = (
+                self._op(work.linear_flops, work.linear_bytes, self.flops_rate)
+                + self._op(work.attention_flops, work.attention_bytes, self.attention_rate)
+                + self._op(work.edge_flops, work.edge_bytes, self.flops_rate)
+                + work.layer_passes * self.cluster.device.kernel_overhead_s
+            )
+            kept, transient = work.kept_bytes, work.transient_bytes
+        if work.tp_collectives:
+            time += work.tp_collectives * self.comm.all_reduce(
+                work.tp_collective_bytes, self.spec.parallel.tensor, self.tp_intra
+            )
+        if work.offload_bytes:
+            time += work.offload_bytes / self.cluster.device.host_bandwidth
+        time += self.host.get("stage_s", 0.0)
+        return StageCost(time, kept, transient)
+
+    def _calibrated_time(
+        self,
+        t: LayerTimeModel,
+        module: str,
+        start: int,
+        stop: int,
+        kind: str,
+        memory: str,
+        seq_lens: Sequence[int],
+    ) -> float:
+        shape = self.spec.shape.module(module)
+        tokens = sum(seq_lens)
+        fwd = (stop - start) * t.forward_packed_s(seq_lens)
+        first, last = start == 0, stop == shape.num_layers
+        if t.input_s_per_token is not None or t.head_s_per_token is not None:
+            if first:
+                fwd += (t.input_s_per_token or 0.0) * tokens
+            if last:
+                fwd += (t.head_s_per_token or 0.0) * tokens
+        elif last:
+            fwd += t.edge_s_per_token * tokens
+        # A measured table is for TP = 1 on its device; TP divides the work evenly.
+        fwd /= self.spec.parallel.tensor
+        if kind == "F":
+            return fwd
+        bwd = fwd * t.backward_ratio
+        return bwd + fwd if memory == "recompute" else bwd
+
+    def _calibrated_memory(
+        self,
+        t: LayerTimeModel,
+        module: str,
+        start: int,
+        stop: int,
+        memory: str,
+        seq_lens: Sequence[int],
+        work: StageWork,
+    ) -> tuple[float, float]:
+        if t.act_bytes_per_token is None:
+            return work.kept_bytes, work.transient_bytes
+        shape = self.spec.shape.module(module)
+        tokens = sum(seq_lens)
+        full = (stop - start) * (
+            t.act_bytes_per_token * tokens + t.act_bytes_per_token_sq * sum(n * n for n in seq_lens)
+        )
+        if start == 0:
+            full += (t.input_act_bytes_per_token or 0.0) * tokens
+        if stop == shape.num_layers:
+            full += (t.head_act_bytes_per_token or 0.0) * tokens
+        full /= self.spec.parallel.tensor
+        if memory == "none":
+            return full, 0.0
+        boundary = self.costs.boundary_bytes(module, tokens)
+        return boundary, full
+
+    # ---------------------------------------------------------------- step-level work
+
+    def optimizer_time(self, params: float, data_parallel: int) -> float:
+        """One Adam step over ``params`` local parameters."""
+        if "optimizer_s_per_param" in self.host:
+            per = self.host["optimizer_s_per_param"]
+            if self.spec.parallel.distributed_optimizer:
+                per /= data_parallel
+            return params * per
+        return self.costs.optimizer_bytes_moved(params, data_parallel) / self.memory_rate

@@ -1,0 +1,94 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Spatial-temporal subgraph reuse: costed subgraphs and timelines computed once, used often.
+
+PipeWeaver's SEMU is "accelerated by spatial-temporal subgraph reuse" (v1 abstract; the
+mechanism itself is not public, pipeweaver.md section 4.2). OrchWeave's version caches three
+levels, each keyed by everything its result depends on, so a hit returns exactly what a miss
+would compute (tests check that results are identical with and without reuse):
+
+1. **subgraph**: one stage's cost (time, kept and transient memory), keyed by the chunk's
+   *shape* — module, number of layers, whether it holds the input layer or the head, F/B,
+   memory strategy, the sorted sequence lengths and output rows — not by its position. Equal
+   chunks on different ranks (spatial: every middle LLM chunk), on different DP replicas, and
+   the same shapes in later microbatches, rollouts and iterations (temporal) share one entry;
+2. **graph** and **microbatch**: the data-flow graph of one (placement, microbatch structure)
+   (which inputs of each stage are remote, which consumers it sends to), and all stage costs,
+   transfer times and compiled simulator ops of one microbatch under one placement (the
+   per-microbatch "stage latency" vectors DIP's planner computes first); a search evaluates
+   thousands of orders of the same microbatches;
+3. **timeline**: the whole pipeline simulation of one (schedule, microbatches, start offsets,
+   link layout); identical DP replicas and re-evaluated rollouts hit it.
+
+One :class:`ReuseCache` can be shared by many simulator instances of the same cost model
+(the keys include the cost model's fingerprint, so sharing across cost models is safe too).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+
+@dataclass
+class ReuseCache:
+    """The three reuse levels, with hit counters."""
+
+    max_entries: int = 200_000
+    """Per level; a level is cleared when it grows past this (simple, bounded memory)."""
+
+    levels: dict[str, dict] = field(
+        default_factory=lambda: {"subgraph": {}, "graph": {}, "microbatch": {}, "timeline": {}}
+    )
+    """level -> key -> value."""
+
+    hits: Counter = field(default_factory=Counter)
+    """Hits per level."""
+
+    misses: Counter = field(default_factory=Counter)
+    """Misses per level."""
+
+    def get(self, level: str, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The cached value of ``key`` at ``level``, computing and storing it on a miss."""
+        table = self.levels[level]
+        try:
+            value = table[key]
+        except KeyError:
+            self.misses[level] += 1
+            if len(table) >= self.max_entries:
+                table.clear()
+            value = table[key] = compute()
+            return value
+        self.hits[level] += 1
+        return value
+
+    def hit_rate(self, level: str | None = None) -> float:
+        """Hits over lookups, for one level or all."""
+        if level is None:
+            h, m = sum(self.hits.values()), sum(self.misses.values())
+        else:
+            h, m = self.hits[level], self.misses[level]
+        return h / (h + m) if h + m else 0.0
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per level: hits, misses, hit rate, entries."""
+        return {
+            level: {
+                "hits": self.hits[level],
+                "misses": self.misses[level],
+                "hit_rate": self.hit_rate(level),
+                "entries": len(table),
+            }
+            for level, table in self.levels.items()
+        }
+
+    def reset_counters(self) -> None:
+        """Zero the hit counters (keeps the entries)."""
+        self.hits.clear()
+        self.misses.clear()
+
+    def clear(self) -> None:
+        """Drop every entry and counter."""
+        for table in self.levels.values():
+            table.clear()
+        self.reset_counters()

@@ -1,0 +1,707 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The event simulation of one training step.
+
+A step is: host work (building microbatches), the balancer's all-to-alls (PP = 1, given as
+input), one pipeline per DP replica executing its schedule, then per pipeline rank the DP
+gradient reduction (a ring all-reduce over the DP group, which starts when every replica's rank
+has finished its last backward) and the optimizer step.
+
+Pipeline semantics are the runtime's (:mod:`pipeweaver.checker`): each rank runs its list in
+order; a compute starts when the rank is free and its inputs have arrived; a send leaves when
+it is reached (right after its producer in a compute-only schedule) and occupies the directed
+link to its peer for ``bytes / bandwidth`` in FIFO order, arriving ``latency`` later; a receive
+waits for the arrival. Communication overlaps compute. Compute-only schedules (the searcher's)
+are simulated directly, as if lowered: the timings are the same, because the lowering only
+moves a receive earlier when an earlier-sent tensor has arrived first anyway.
+
+Definitions used in the results:
+
+* **bubble ratio** of a pipeline: ``1 - sum_r busy_r / (P * T)``, with ``busy_r`` the compute
+  time of rank r and ``T`` the time from the pipeline's start to its last compute; for Megatron
+  1F1B with equal stages and free communication it is exactly ``(P-1)/(m+P-1)``. The step's
+  bubble ratio is that of its slowest DP replica;
+* **MFU**: model FLOPs of the step (real tokens only, no padding, no recompute;
+  ``ModelShape`` formula) / (step time x devices x peak FLOP/s);
+* **peak memory** per pipeline rank: weights + gradients + optimizer states of its chunks plus
+  the peak of activation bytes alive (kept for backward, plus the transient bytes of the
+  compute in progress), maximum over DP replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from orchestration.calibration import Calibration
+from pipeweaver.ir import (
+    Compute,
+    Kind,
+    Placement,
+    Schedule,
+    ScheduleError,
+    consumers,
+    data_inputs,
+    stages,
+)
+from pipeweaver.semu.batches import MicrobatchMeta
+from pipeweaver.semu.costs import CostModel, StageCost
+from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.reuse import ReuseCache
+
+_C, _S, _R = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one rank's timeline."""
+
+    rank: int
+    """Pipeline rank."""
+
+    start: float
+    """Seconds from the step's start."""
+
+    end: float
+    """Seconds from the step's start."""
+
+    name: str
+    """Action string (``l0F3``) or what the interval is (``dp all-reduce``, ``optimizer``)."""
+
+    category: str
+    """``F``, ``B`` (compute), ``allreduce``, ``optimizer``, ``host``, ``a2a``."""
+
+    module: str = ""
+    """Module of a compute."""
+
+    microbatch: int = -1
+    """Microbatch of a compute."""
+
+
+@dataclass
+class PipelineResult:
+    """The simulated timeline of one pipeline (one DP replica)."""
+
+    makespan: float
+    """End of its last compute, from time 0."""
+
+    start: list[float]
+    """Per rank, when it could start (host work before the pipeline)."""
+
+    rank_end: list[float]
+    """Per rank, end of its last compute (its start when it has none)."""
+
+    busy: list[float]
+    """Per rank, compute seconds."""
+
+    peak_activation: list[float]
+    """Per rank, peak activation bytes alive (kept plus transient)."""
+
+    events: list[Event] = field(default_factory=list)
+    """Compute intervals (when recorded)."""
+
+    @property
+    def bubble_ratio(self) -> float:
+        """``1 - sum(busy) / (P * T)``, T from the earliest start to the last compute."""
+        span = self.makespan - min(self.start)
+        if span <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy) / (len(self.busy) * span)
+
+
+@dataclass
+class StepResult:
+    """What SEMU predicts for one training step."""
+
+    step_time_s: float
+    """Seconds of the step."""
+
+    bubble_ratio: float
+    """Pipeline bubble of the slowest DP replica (module docstring)."""
+
+    mfu: float
+    """Model FLOPs utilisation."""
+
+    peak_memory_bytes: list[float]
+    """Per pipeline rank: static bytes plus peak activations (max over DP replicas)."""
+
+    peak_activation_bytes: list[float]
+    """Per pipeline rank: peak activation bytes (max over DP replicas)."""
+
+    static_bytes: list[dict[str, float]]
+    """Per pipeline rank: weights, gradients and optimizer bytes."""
+
+    busy_s: list[float]
+    """Per pipeline rank: compute seconds of the slowest replica."""
+
+    idle_s: list[float]
+    """Per pipeline rank: ``step_time_s - busy_s``."""
+
+    breakdown: dict[str, float]
+    """Critical-path parts: host, a2a, pipeline, allreduce, optimizer seconds."""
+
+    model_flops: float
+    """Model FLOPs of the step (all replicas)."""
+
+    num_devices: int
+    """Devices of the run (TP x PP x DP)."""
+
+    critical_replica: int
+    """Index of the DP replica with the longest pipeline."""
+
+    events: list[Event] = field(default_factory=list)
+    """Timeline of the critical replica, plus all-reduce and optimizer intervals."""
+
+    reuse: dict[str, Any] = field(default_factory=dict)
+    """Reuse-cache statistics at the end of the simulation."""
+
+    device_memory_bytes: float = 0.0
+    """Memory of one device, to compare ``peak_memory_bytes`` with."""
+
+    @property
+    def over_memory_ranks(self) -> list[int]:
+        """Pipeline ranks whose predicted peak exceeds the device memory."""
+        cap = self.device_memory_bytes
+        return [r for r, b in enumerate(self.peak_memory_bytes) if cap and b > cap]
+
+    def to_json(self, with_events: bool = False) -> dict[str, Any]:
+        """The result as a JSON object (the CLI's ``--json``)."""
+        out = {
+            "step_time_s": self.step_time_s,
+            "bubble_ratio": self.bubble_ratio,
+            "mfu": self.mfu,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_activation_bytes": self.peak_activation_bytes,
+            "static_bytes": self.static_bytes,
+            "busy_s": self.busy_s,
+            "idle_s": self.idle_s,
+            "breakdown": self.breakdown,
+            "model_flops": self.model_flops,
+            "num_devices": self.num_devices,
+            "critical_replica": self.critical_replica,
+            "reuse": self.reuse,
+            "device_memory_bytes": self.device_memory_bytes,
+            "over_memory_ranks": self.over_memory_ranks,
+        }
+        if with_events:
+            out["events"] = [e.__dict__ for e in self.events]
+        return out
+
+
+class _Graph:
+    """The data flow of one (placement, structure) with integer ids, for the replay.
+
+    ``stage_id``: stage -> index; ``edges``: the cross-rank transfers ``(tensor, part)`` and
+    ``edge_id`` their index; ``remote``: stage -> (ids of the transfers it waits for, its
+    outgoing ``(edge id, dst rank)``).
+    """
+
+    def __init__(self, placement: Placement, structure):
+        self.stage_id: dict[Compute, int] = {}
+        self.edges: list[tuple[Compute, Any]] = []
+        self.edge_id: dict[tuple[Compute, Any], int] = {}
+        self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+        all_stages = list(stages(placement, structure))
+        for a in all_stages:
+            self.stage_id[a] = len(self.stage_id)
+            r = placement.rank_of(a.module, a.chunk)
+            for consumer, part in consumers(a, placement, structure):
+                if placement.rank_of(consumer.module, consumer.chunk) != r:
+                    self.edge_id[(a, part)] = len(self.edges)
+                    self.edges.append((a, part))
+        for a in all_stages:
+            r = placement.rank_of(a.module, a.chunk)
+            waits = tuple(
+                self.edge_id[(p, part)]
+                for p, part in data_inputs(a, placement, structure)
+                if placement.rank_of(p.module, p.chunk) != r
+            )
+            sends = tuple(
+                (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
+                for c, part in consumers(a, placement, structure)
+                if placement.rank_of(c.module, c.chunk) != r
+            )
+            self.remote[a] = (waits, sends)
+
+
+class Semu:
+    """The step emulator for one model on one cluster.
+
+    Args:
+        spec: the model and its parallel layout (TP, PP; DP follows from the cluster size).
+        cluster: the devices.
+        calibration: measured layer times and fitted factors; None: analytical costs.
+        cache: a reuse cache to share (several instances, rollouts, iterations); default a
+            fresh one.
+        reuse: False disables every cache (for comparisons; results are identical).
+        stage_cost_fn: ``(placement, compute, microbatch) -> StageCost`` replacing the cost
+            model for stages (measured tables of a searcher, analytic test cases).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cluster: ClusterSpec,
+        calibration: Calibration | None = None,
+        cache: ReuseCache | None = None,
+        reuse: bool = True,
+        stage_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], StageCost] | None = None,
+    ):
+        self.spec = spec
+        self.cluster = cluster
+        self.cost = CostModel(spec, cluster, calibration)
+        self.reuse = reuse
+        self.cache = (cache if cache is not None else ReuseCache()) if reuse else None
+        self.tp = spec.parallel.tensor
+        self.pp = spec.parallel.pipeline
+        self.dp = spec.parallel.data(cluster.num_devices)
+        self.stage_cost_fn = stage_cost_fn
+        # The function itself (not its id) keys the caches: it stays alive while cached.
+        self._fp = (self.cost.fingerprint(), stage_cost_fn)
+
+    # ---------------------------------------------------------------- stage costs
+
+    def stage_cost(self, placement: Placement, a: Compute, mb: MicrobatchMeta) -> StageCost:
+        """Cost of one stage of one microbatch (through the subgraph cache)."""
+        if self.stage_cost_fn is not None:
+            return self.stage_cost_fn(placement, a, mb)
+        start, stop = placement.layer_range(a.module, a.chunk)
+        if a.module == "llm":
+            lens, rows = mb.llm_seq_lens, 0
+        else:
+            sub = mb.encoders[a.module][a.sub]
+            lens = sub.units
+            rows = sub.rows if stop == placement.num_layers(a.module) else 0
+        n_layers = self.spec.shape.module(a.module).num_layers
+        key = (
+            self._fp,
+            a.module,
+            stop - start,
+            start == 0,
+            stop == n_layers,
+            a.kind.value,
+            a.memory.value,
+            tuple(sorted(lens)),
+            rows,
+        )
+
+        def compute() -> StageCost:
+            return self.cost.stage(a.module, start, stop, a.kind.value, a.memory.value, lens, rows)
+
+        if self.cache is None:
+            return compute()
+        return self.cache.get("subgraph", key, compute)
+
+    def edge_bytes(self, placement: Placement, tensor: Compute, part, mb: MicrobatchMeta) -> float:
+        """Bytes of one transfer: a chunk's output activation or input gradient."""
+        costs = self.cost.costs
+        if part is not None:
+            return costs.encoder_output_bytes(mb.encoders[part[0]][part[1]].rows)
+        if tensor.module == "llm":
+            return costs.boundary_bytes("llm", sum(mb.llm_seq_lens))
+        sub = mb.encoders[tensor.module][tensor.sub]
+        last = placement.num_chunks(tensor.module) - 1
+        if tensor.kind is Kind.F and tensor.chunk == last:
+            return costs.encoder_output_bytes(sub.rows)
+        return costs.boundary_bytes(tensor.module, sum(sub.units))
+
+    # ---------------------------------------------------------------- one pipeline
+
+    def _rank_layout(self, replica: int) -> tuple[tuple[bool, ...], ...]:
+        """``intra[a][b]``: pipeline ranks a and b of this replica share a node."""
+        per_node = self.cluster.devices_per_node
+        glob = [self.tp * (replica + self.dp * r) for r in range(self.pp)]
+        node = [g // per_node for g in glob]
+        return tuple(tuple(node[a] == node[b] for b in range(self.pp)) for a in range(self.pp))
+
+    def simulate_pipeline(
+        self,
+        schedule: Schedule,
+        microbatches: Sequence[MicrobatchMeta],
+        start: Sequence[float] | None = None,
+        replica: int = 0,
+        record_events: bool = True,
+    ) -> PipelineResult:
+        """Simulate one pipeline executing ``schedule`` on ``microbatches``.
+
+        Args:
+            schedule: compute-only or lowered; it should have passed the checker.
+            microbatches: one :class:`MicrobatchMeta` per microbatch of the schedule.
+            start: per rank, when it can start (default 0).
+            replica: DP index of this pipeline (decides which links are in a node).
+            record_events: keep the compute intervals (off for search rollouts).
+
+        Raises:
+            ScheduleError: the order deadlocks (no rank can progress).
+        """
+        if len(microbatches) != schedule.structure.num_microbatches:
+            raise ValueError(
+                f"the schedule has {schedule.structure.num_microbatches} microbatches, "
+                f"{len(microbatches)} were given"
+            )
+        start = tuple(float(s) for s in (start or [0.0] * schedule.num_ranks))
+        layout = (
+            self._rank_layout(replica)
+            if schedule.num_ranks == self.pp
+            else tuple(
+                tuple(True for _ in range(schedule.num_ranks)) for _ in range(schedule.num_ranks)
+            )
+        )
+        if self.cache is None:
+            return self._simulate(schedule, microbatches, start, layout, record_events)
+        key = (
+            self._fp,
+            schedule.placement.key(),
+            schedule.actions,
+            tuple(microbatches),
+            start,
+            layout,
+            record_events,
+        )
+        return self.cache.get(
+            "timeline",
+            key,
+            lambda: self._simulate(schedule, microbatches, start, layout, record_events),
+        )
+
+    def _microbatch_table(self, placement: Placement, mb_index: int, mb: MicrobatchMeta) -> dict:
+        """The microbatch level: one dict per (placement, microbatch), filled lazily with
+        ``Compute -> StageCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
+        if self.cache is None:
+            return {}
+        key = (self._fp, placement.key(), mb_index, mb)
+        return self.cache.get("microbatch", key, dict)
+
+    def _graph(self, placement: Placement, structure) -> "_Graph":
+        """The data flow of one (placement, structure), with integer ids (cached)."""
+        if self.cache is None:
+            return _Graph(placement, structure)
+        return self.cache.get(
+            "graph", (placement.key(), structure.key()), lambda: _Graph(placement, structure)
+        )
+
+    def _simulate(
+        self,
+        schedule: Schedule,
+        microbatches: Sequence[MicrobatchMeta],
+        start: tuple[float, ...],
+        layout: tuple[tuple[bool, ...], ...],
+        record: bool,
+    ) -> PipelineResult:
+        placement, structure = schedule.placement, schedule.structure
+        n = schedule.num_ranks
+        implicit = not schedule.has_comms
+        comm = self.cost.comm
+        tables = [self._microbatch_table(placement, i, mb) for i, mb in enumerate(microbatches)]
+
+        graph = self._graph(placement, structure)
+        edge_id = graph.edge_id
+        layout_key = hash(layout)
+
+        def link_of(tensor: Compute, part, src: int, dst: int) -> tuple[float, float]:
+            table = tables[tensor.microbatch]
+            k = (tensor, part, layout[src][dst])
+            v = table.get(k)
+            if v is None:
+                nbytes = self.edge_bytes(placement, tensor, part, microbatches[tensor.microbatch])
+                v = table[k] = comm.p2p_parts(nbytes, layout[src][dst])
+            return v
+
+        def compile_compute(a: Compute, r: int) -> tuple:
+            c = self.stage_cost(placement, a, microbatches[a.microbatch])
+            waits: tuple = ()
+            sends: tuple = ()
+            key = a.key
+            if implicit:
+                waits, remote = graph.remote[key]
+                sends = tuple(
+                    (e, (r, dst), *link_of(graph.edges[e][0], graph.edges[e][1], r, dst))
+                    for e, dst in remote
+                )
+            forward = a.kind is Kind.F
+            pair = graph.stage_id[key if forward else key.partner()]
+            return (_C, a, c.time_s, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
+
+        # Per rank: op tuples. Compute: (_C, action, time, kept, transient, is_forward, F key,
+        # waits, sends); send: (_S, edge, link, occupancy, latency); receive: (_R, edge).
+        # Compiled compute ops are cached per microbatch, rank and mode.
+        programs: list[list[tuple]] = []
+        for r in range(n):
+            ops = []
+            append = ops.append
+            # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
+            rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
+            for a in schedule.actions[r]:
+                if type(a) is Compute:
+                    table = rank_tables[a.microbatch]
+                    op = table.get(a)
+                    if op is None:
+                        op = table[a] = compile_compute(a, r)
+                    append(op)
+                elif a.is_send:
+                    occ, lat = link_of(a.tensor, a.part, r, a.peer)
+                    append((_S, edge_id[a.edge], (r, a.peer), occ, lat))
+                else:
+                    append((_R, edge_id[a.edge]))
+            programs.append(ops)
+
+        # Event-driven replay: a rank runs until it needs a tensor that has not been sent yet,
+        # then parks on that tensor; sending it wakes the rank up.
+        t = list(start)
+        pos = [0] * n
+        busy = [0.0] * n
+        alive = [0.0] * n
+        peak = [0.0] * n
+        last_end = list(start)
+        kept = [0.0] * len(graph.stage_id)
+        arrivals: list = [None] * len(graph.edges)
+        parked: dict = {}
+        link_free: dict[tuple[int, int], float] = {}
+        events: list[Event] = []
+        ready = list(range(n - 1, -1, -1))
+        while ready:
+            r = ready.pop()
+            ops = programs[r]
+            i = pos[r]
+            tr = t[r]
+            size = len(ops)
+            while i < size:
+                op = ops[i]
+                code = op[0]
+                if code == _C:
+                    _, a, dur, keep, transient, forward, pair, waits, sends = op
+                    begin = tr
+                    blocked = None
+                    for e in waits:
+                        at = arrivals[e]
+                        if at is None:
+                            blocked = e
+                            break
+                        if at > begin:
+                            begin = at
+                    if blocked is not None:
+                        parked[blocked] = r
+                        break
+                    end = begin + dur
+                    busy[r] += dur
+                    if forward:
+                        kept[pair] = keep
+                        alive[r] += keep
+                        level = alive[r] + transient
+                    else:
+                        level = alive[r] + transient
+                        alive[r] -= kept[pair]
+                        kept[pair] = 0.0
+                    if level > peak[r]:
+                        peak[r] = level
+                    for edge, lk, occ, lat in sends:
+                        s0 = link_free.get(lk, 0.0)
+                        if end > s0:
+                            s0 = end
+                        link_free[lk] = s0 + occ
+                        arrivals[edge] = s0 + occ + lat
+                        w = parked.pop(edge, None)
+                        if w is not None:
+                            ready.append(w)
+                    if record:
+                        events.append(
+                            Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch)
+                        )
+                    tr = end
+                    last_end[r] = end
+                elif code == _S:
+                    _, edge, lk, occ, lat = op
+                    s0 = link_free.get(lk, 0.0)
+                    if tr > s0:
+                        s0 = tr
+                    link_free[lk] = s0 + occ
+                    arrivals[edge] = s0 + occ + lat
+                    w = parked.pop(edge, None)
+                    if w is not None:
+                        ready.append(w)
+                else:
+                    at = arrivals[op[1]]
+                    if at is None:
+                        parked[op[1]] = r
+                        break
+                    if at > tr:
+                        tr = at
+                i += 1
+            pos[r] = i
+            t[r] = tr
+        if any(pos[r] < len(programs[r]) for r in range(n)):
+            r0 = next(r for r in range(n) if pos[r] < len(programs[r]))
+            op = programs[r0][pos[r0]]
+            raise ScheduleError(
+                "the simulation cannot progress: every unfinished rank waits for a tensor "
+                "no rank will send (run pipeweaver.checker.check first)",
+                r0,
+                pos[r0],
+                op[1] if op[0] == _C else schedule.actions[r0][pos[r0]],
+            )
+        return PipelineResult(
+            makespan=max(last_end),
+            start=list(start),
+            rank_end=last_end,
+            busy=busy,
+            peak_activation=peak,
+            events=events,
+        )
+
+    # ---------------------------------------------------------------- one step
+
+    def static_bytes(self, placement: Placement) -> list[dict[str, float]]:
+        """Per pipeline rank: weights, gradients and optimizer bytes of its chunks."""
+        costs = self.cost.costs
+        out = []
+        for r in range(placement.num_ranks):
+            params = sum(
+                costs.chunk_params(m, *placement.layer_range(m, c))
+                for m, c in placement.chunks_on(r)
+            )
+            out.append({"params": params, **costs.static_bytes(params, self.dp)})
+        return out
+
+    def activation_bytes(
+        self, placement: Placement, microbatches: Sequence[MicrobatchMeta]
+    ) -> Callable[[Compute], int]:
+        """Bytes a stage keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
+        memory cap (with :meth:`static_bytes` as its ``static_bytes``)."""
+
+        def kept(a: Compute) -> int:
+            return int(self.stage_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
+
+        return kept
+
+    def host_time(self, microbatches: Sequence[MicrobatchMeta], rank: int) -> float:
+        """Host seconds before the pipeline starts on a rank (building its microbatches)."""
+        host = self.cost.host
+        if not host:
+            return 0.0
+        t = host.get("microbatch_s", 0.0) * len(microbatches)
+        samples = sum(mb.num_samples or len(mb.llm_seq_lens) for mb in microbatches)
+        real = sum(mb.real_tokens for mb in microbatches)
+        t += host.get("sample_s", 0.0) * samples + host.get("token_s", 0.0) * real
+        if rank == 0:
+            feats = 0.0
+            for mb in microbatches:
+                for enc, subs in mb.encoders.items():
+                    dim = self.spec.shape.encoders[enc].input_flops_per_token / (
+                        2 * self.spec.shape.encoders[enc].hidden_size
+                    )
+                    feats += dim * sum(sum(s.units) for s in subs)
+            t += host.get("feature_s_per_element", 0.0) * feats
+        return t
+
+    def simulate_step(
+        self,
+        schedules: Schedule | Sequence[Schedule],
+        microbatches: Sequence[Sequence[MicrobatchMeta]],
+        balancer_bytes: Mapping[str, Any] | None = None,
+        record_events: bool = True,
+    ) -> StepResult:
+        """Simulate one step: every DP replica's pipeline, the gradient reduction, the optimizer.
+
+        Args:
+            schedules: one schedule per DP replica, or one for all (then every replica's
+                microbatches must share its structure).
+            microbatches: ``[replica][microbatch]``; fewer replicas than the DP size are
+                allowed (the rest are assumed identical to the given ones, cycled).
+            balancer_bytes: PP = 1 balancer traffic per phase: a DP x DP byte matrix (device i
+                sends ``[i][j]`` to j) or bytes per device; each phase's all-to-all runs once
+                forward and once (transposed) in the backward.
+            record_events: keep the timeline.
+        """
+        if isinstance(schedules, Schedule):
+            schedules = [schedules] * len(microbatches)
+        if len(schedules) != len(microbatches):
+            raise ValueError("give one schedule per replica, or one for all")
+        placement = schedules[0].placement
+        if placement.num_ranks != self.pp:
+            raise ValueError(
+                f"the schedule has {placement.num_ranks} pipeline ranks, the model config "
+                f"--pipeline-model-parallel-size {self.pp}"
+            )
+        host_start = [
+            [self.cost.host.get("step_s", 0.0) + self.host_time(mbs, r) for r in range(self.pp)]
+            for mbs in microbatches
+        ]
+        a2a = self._balancer_time(balancer_bytes)
+        results = []
+        for d, (sched, mbs) in enumerate(zip(schedules, microbatches)):
+            offsets = [s + a2a / 2 for s in host_start[d]]
+            results.append(
+                self.simulate_pipeline(sched, mbs, offsets, replica=d, record_events=record_events)
+            )
+        static = self.static_bytes(placement)
+        comm = self.cost.comm
+        dp_group_intra = self.tp * self.dp <= self.cluster.devices_per_node
+        finish = []
+        events: list[Event] = []
+        crit = max(range(len(results)), key=lambda d: results[d].makespan)
+        for r in range(self.pp):
+            ready = max(res.rank_end[r] for res in results) + a2a / 2
+            grad_bytes = static[r]["gradients"]
+            if self.spec.parallel.distributed_optimizer:
+                ar = comm.reduce_scatter(grad_bytes, self.dp, dp_group_intra) + comm.all_gather(
+                    static[r]["weights"], self.dp, dp_group_intra
+                )
+            else:
+                ar = comm.all_reduce(grad_bytes, self.dp, dp_group_intra)
+            opt = self.cost.optimizer_time(static[r]["params"], self.dp)
+            finish.append(ready + ar + opt)
+            if record_events:
+                if ar > 0:
+                    events.append(Event(r, ready, ready + ar, "dp all-reduce", "allreduce"))
+                events.append(Event(r, ready + ar, ready + ar + opt, "optimizer", "optimizer"))
+        step = max(finish)
+        crit_res = results[crit]
+        if record_events:
+            for r in range(self.pp):
+                if crit_res.start[r] > 0:
+                    events.append(Event(r, 0.0, crit_res.start[r], "host + a2a", "host"))
+            events = list(crit_res.events) + events
+        flops = sum(mb.model_flops for mbs in microbatches for mb in mbs)
+        # Replicas not given are assumed to repeat the given ones.
+        flops *= self.dp / len(microbatches)
+        devices = self.tp * self.pp * self.dp
+        peak_act = [max(res.peak_activation[r] for res in results) for r in range(self.pp)]
+        statics = [s["weights"] + s["gradients"] + s["optimizer"] for s in static]
+        r_last = max(range(self.pp), key=lambda r: finish[r])
+        ready_last = max(res.rank_end[r_last] for res in results)
+        return StepResult(
+            step_time_s=step,
+            bubble_ratio=crit_res.bubble_ratio,
+            mfu=flops / (step * devices * self.cost.peak_flops) if step > 0 else 0.0,
+            peak_memory_bytes=[statics[r] + peak_act[r] for r in range(self.pp)],
+            peak_activation_bytes=peak_act,
+            static_bytes=[{k: v for k, v in s.items()} for s in static],
+            busy_s=list(crit_res.busy),
+            idle_s=[step - b for b in crit_res.busy],
+            breakdown={
+                "host": max(max(h) for h in host_start),
+                "a2a": a2a,
+                "pipeline": crit_res.makespan - min(crit_res.start),
+                "allreduce_and_optimizer": step - ready_last - a2a / 2,
+            },
+            model_flops=flops,
+            num_devices=devices,
+            critical_replica=crit,
+            events=events,
+            reuse=self.cache.stats() if self.cache is not None else {},
+            device_memory_bytes=self.cluster.device.hbm_bytes,
+        )
+
+    def _balancer_time(self, balancer_bytes: Mapping[str, Any] | None) -> float:
+        if not balancer_bytes:
+            return 0.0
+        comm = self.cost.comm
+        ranks = [self.tp * d for d in range(self.dp)]  # one DP group (TP rank 0, PP rank 0)
+        total = 0.0
+        for phase, volume in balancer_bytes.items():
+            if isinstance(volume, (int, float)):
+                t = comm.all_to_all_total(float(volume), self.dp, self.cluster.same_node(ranks))
+            else:
+                t = comm.all_to_all(volume, ranks)
+            total += 2 * t  # forward dispatch and the transposed exchange in the backward
+        return total

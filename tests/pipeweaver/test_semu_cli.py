@@ -1,0 +1,112 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""tools/semu.py and the configs in scripts/configs (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeweaver.semu.hardware import DEVICES, ClusterSpec
+from pipeweaver.semu.model import ModelConfigError, load_model_config, model_from_flags
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "scripts" / "configs"
+KEYS = {"step_time_s", "bubble_ratio", "mfu", "peak_memory_bytes", "config"}
+
+
+def _semu(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "semu.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_cli_json_has_the_documented_keys(tmp_path):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    proc = _semu(
+        "--model", "cpu-main", "--cluster", "cpu-2ranks", "--set", "pipeline-model-parallel-size=2",
+        "--json", "--trace", str(trace), "--png", str(png),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert KEYS <= set(out)
+    assert len(out["peak_memory_bytes"]) == 2 and all(b > 0 for b in out["peak_memory_bytes"])
+    assert out["step_time_s"] > 0 and 0 <= out["bubble_ratio"] < 1 and 0 < out["mfu"] < 1
+    assert out["config"]["schedule"] == "1f1b" and out["config"]["pp"] == 2
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_text_summary_and_dynamic_layout():
+    proc = _semu(
+        "--model", "cpu-main", "--cluster", "cpu-2ranks", "--set", "pipeline-model-parallel-size=2",
+        "--schedule", "dataflow", "--sub-items", "vision=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "step time" in proc.stdout and "interleaved placement" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--model", "nope", "--cluster", "cpu-2ranks"), "config not found"),
+        (("--model", "cpu-main", "--cluster", "cpu-2ranks", "--set", "num-layers=3",
+          "--set", "pipeline-model-parallel-size=2"), "not divisible"),  # fmt: skip
+        (
+            ("--model", "cpu-main", "--cluster", "cpu-2ranks", "--workload", "missing-spec"),
+            "workload",
+        ),
+    ],
+)
+def test_cli_errors(args, needle):
+    proc = _semu(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error:") and needle in proc.stderr
+
+
+EXPECTED_PARAMS = {  # billions: the paper's names, within the stated assumptions
+    "vlm-s": (11.5, 13.5),
+    "vlm-m": (36, 39),
+    "vlm-l": (93, 97),
+    "t2v-s": (11, 13.5),
+    "t2v-l": (59, 63),
+    "omni-84b": (83, 85),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PARAMS))
+def test_paper_configs_load(name):
+    spec = load_model_config(CONFIGS / f"{name}.json")
+    lo, hi = EXPECTED_PARAMS[name]
+    assert lo <= spec.shape.total_params() / 1e9 <= hi
+    assert spec.shape.params_dtype_bytes == 2 and spec.parallel.sequence_parallel
+
+
+def test_cluster_configs_load():
+    for path in CONFIGS.glob("*.json"):
+        obj = json.loads(path.read_text())
+        if "device" in obj:
+            cl = ClusterSpec.from_json(obj, where=str(path))
+            assert cl.device is DEVICES[obj["device"]] or cl.device.name == obj["device"]
+    with pytest.raises(ValueError, match="unknown device"):
+        ClusterSpec.from_json({"device": "tpu", "num_devices": 1})
+
+
+def test_model_flags_follow_megatron_defaults():
+    spec = model_from_flags({"num-layers": 2, "hidden-size": 96, "num-attention-heads": 4,
+                             "seq-length": 64, "vocab-size": 1000, "swiglu": True})  # fmt: skip
+    assert spec.shape.llm.ffn_hidden_size == int((4 * 96 * 2 / 3) / 64) * 64
+    assert spec.shape.llm.output_flops_per_token == 2 * 96 * 1024  # vocab padded to 128
+    assert spec.shape.encoders["vision"].gated_mlp  # encoders follow --swiglu, as the trainer
+    assert spec.shape.encoders["audio"].num_layers == 2  # OrchWeave's default
+    with pytest.raises(ModelConfigError, match="--seq-length"):
+        model_from_flags(
+            {"num-layers": 2, "hidden-size": 8, "num-attention-heads": 2, "vocab-size": 9}
+        )

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""SEMU's accuracy against real CPU trainer runs: step time and activation memory.
+
+For each run of a list (PP = 1/2, DP = 1/2, the upstream-Megatron baseline schedules, three
+workload specs), it
+
+1. runs the main job (``scripts/pretrain_mllm_cpu.sh`` with overrides and ``--metrics-jsonl``)
+   and takes the median ``iteration_time_s`` after ``--warmup`` iterations;
+2. predicts every one of those iterations with SEMU, calibrated from ``--calibration`` (a
+   ``tools/calibrate.py`` file measured on this machine), on the exact microbatches the trainer
+   ran: the same samples (``megatron.mllm.data.SampleSource`` with the run's seed and token
+   scale), in Megatron's sampler order (``microbatch_indices``), packed and padded as
+   ``megatron.mllm.batch`` does; the schedule is megatron-core's (no pipelining or 1F1B,
+   encoders on stage 0), expressed in the IR;
+3. with ``--memory``, runs the same configuration once more under
+   ``tools/bench/semu_memory_probe.py`` (the trainer with ``saved_tensors_hooks`` counting the
+   bytes autograd keeps alive) and compares each rank's peak with SEMU's predicted peak
+   activation bytes of its pipeline rank.
+
+Prints a table and the mean absolute error; ends with ``semu_mae_pct: X``.
+
+Usage::
+
+    python tools/bench/semu_accuracy.py --calibration cal.json [--iters 12] [--warmup 3]
+        [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke]
+
+``--smoke`` runs one tiny world-size-1 configuration (4 iterations), for tests of the harness.
+Timings need a quiet machine: run the full list only when nothing else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from orchestration.calibration import Calibration  # noqa: E402
+from pipeweaver.ir import Placement  # noqa: E402
+from pipeweaver.schedules import generate  # noqa: E402
+from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, structure_of  # noqa: E402
+from pipeweaver.semu.hardware import DEVICES, ClusterSpec  # noqa: E402
+from pipeweaver.semu.model import ModelSpec, flags_to_argv, load_model_config  # noqa: E402
+from pipeweaver.semu.simulator import Semu  # noqa: E402
+
+BASE_CONFIG = REPO / "scripts" / "configs" / "cpu-main.json"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One trainer run to compare against."""
+
+    name: str
+    """Identifier."""
+
+    nproc: int
+    """Processes (world size)."""
+
+    pp: int
+    """Pipeline-parallel size (DP = nproc / pp)."""
+
+    workload: str
+    """Workload spec."""
+
+    extra: tuple[str, ...] = ()
+    """More trainer flags."""
+
+    @property
+    def dp(self) -> int:
+        return self.nproc // self.pp
+
+
+RUNS = [
+    Run("pp1-dp1-omni", 1, 1, "omni-three-modality"),
+    Run("pp1-dp2-omni", 2, 1, "omni-three-modality"),
+    Run("pp2-dp1-omni", 2, 2, "omni-three-modality"),
+    Run("pp1-dp1-obelics", 1, 1, "obelics-interleaved"),
+    Run("pp1-dp2-obelics", 2, 1, "obelics-interleaved"),
+    Run("pp2-dp1-obelics", 2, 2, "obelics-interleaved"),
+    Run("pp1-dp2-speech", 2, 1, "speech-asr-librispeech"),
+    Run("pp2-dp1-speech", 2, 2, "speech-asr-librispeech"),
+]
+"""The default list: PP = 1/2, DP = 1/2, three workloads, 2 gloo ranks at most."""
+
+SMOKE = Run(
+    "smoke-pp1-dp1-omni",
+    1,
+    1,
+    "omni-three-modality",
+    ("--global-batch-size", "4", "--lr-warmup-iters", "1"),
+)
+
+
+@dataclass
+class Outcome:
+    """Measured and predicted figures of one run."""
+
+    run: Run
+    measured_s: list[float] = field(default_factory=list)
+    predicted_s: list[float] = field(default_factory=list)
+    measured_mem: list[float] = field(default_factory=list)
+    predicted_mem: list[float] = field(default_factory=list)
+
+    @property
+    def time_error(self) -> float:
+        m, p = statistics.median(self.measured_s), statistics.median(self.predicted_s)
+        return abs(p - m) / m
+
+    @property
+    def memory_error(self) -> float | None:
+        if not self.measured_mem:
+            return None
+        errs = [abs(p - m) / m for m, p in zip(self.measured_mem, self.predicted_mem) if m > 0]
+        return max(errs) if errs else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _overrides(run: Run) -> dict:
+    flags = {"pipeline-model-parallel-size": run.pp, "workload": run.workload}
+    it = iter(run.extra)
+    for k in it:
+        flags[k.lstrip("-")] = next(it)
+    return flags
+
+
+def timing_run(run: Run, iters: int, workdir: Path) -> list[dict]:
+    """Run the main job; return its per-iteration metrics."""
+    metrics = workdir / f"{run.name}.jsonl"
+    metrics.unlink(missing_ok=True)
+    env = dict(
+        os.environ, PYTHON=sys.executable, NPROC=str(run.nproc), MASTER_PORT=str(_free_port())
+    )
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "pretrain_mllm_cpu.sh"),
+        "--pipeline-model-parallel-size",
+        str(run.pp),
+        "--workload",
+        run.workload,
+        *run.extra,
+        "--train-iters",
+        str(iters),
+        "--log-interval",
+        str(iters),
+        "--metrics-jsonl",
+        str(metrics),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"error: run {run.name} failed:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def memory_run(run: Run, spec: ModelSpec, iters: int, workdir: Path) -> dict[int, float]:
+    """Run the probe; return each process rank's peak saved bytes (max over iterations)."""
+    out = workdir / f"{run.name}-memory"
+    out.mkdir(exist_ok=True)
+    for f in out.glob("*.jsonl"):
+        f.unlink()
+    env = dict(
+        os.environ, SEMU_MEMORY_OUT=str(out), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
+    )
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    flags = dict(spec.flags)
+    flags.update({"train-iters": iters, "log-interval": iters})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(run.nproc),
+        "--master-port",
+        str(_free_port()),
+        str(REPO / "tools" / "bench" / "semu_memory_probe.py"),
+        "--distributed-backend",
+        "gloo",
+        "--transformer-impl",
+        "local",
+        "--lr",
+        "1e-3",
+        *flags_to_argv(flags),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        sys.exit(f"error: memory run {run.name} failed:\n{proc.stderr[-3000:]}")
+    peaks = {}
+    for f in out.glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            peaks[rec["rank"]] = max(peaks.get(rec["rank"], 0.0), float(rec["peak_saved_bytes"]))
+    return peaks
+
+
+def trainer_microbatches(spec: ModelSpec, run: Run, iteration: int) -> list[list[MicrobatchMeta]]:
+    """The microbatches the trainer ran at ``iteration`` (0-based), per DP rank.
+
+    Uses the trainer's own data functions: the same sample stream and sampler order, and the
+    trainer's padding rule (checked against pipeweaver's mirror of it).
+    """
+    from megatron.mllm.batch import padding_runs
+    from megatron.mllm.data import SampleSource, microbatch_indices
+
+    t = spec.training
+    source = SampleSource(t.workload, t.workload_seed, t.workload_token_scale)
+    m = t.num_microbatches(run.dp)
+    pad_to = t.seq_length * t.micro_batch_size if run.pp > 1 else None
+    enc = list(spec.shape.encoders)
+    out = []
+    for d in range(run.dp):
+        mbs = []
+        for idx in microbatch_indices(iteration, d, run.dp, t.micro_batch_size, m):
+            samples = [source.meta(k) for k in idx]
+            mb = pack_microbatch(
+                samples,
+                enc,
+                pad_to,
+                t.seq_length,
+                flops_of=lambda s: sum(spec.shape.sample_phase_flops(s).values()),
+            )
+            real = [s.llm_tokens for s in samples]
+            expected = tuple(real + padding_runs(sum(real), pad_to, t.seq_length))
+            if mb.llm_seq_lens != expected:
+                raise RuntimeError(f"packing mismatch: {mb.llm_seq_lens} vs trainer {expected}")
+            mbs.append(mb)
+        out.append(mbs)
+    return out
+
+
+def predict(spec: ModelSpec, run: Run, cal: Calibration, iterations: list[int]):
+    """SEMU's step time for each iteration, and the peak activation bytes per pipeline rank."""
+    cluster = ClusterSpec(DEVICES["cpu"], run.nproc, devices_per_node=run.nproc, name="cpu")
+    semu = Semu(spec, cluster, cal)
+    placement = Placement.baseline(run.pp, spec.layers())
+    schedule = "none" if run.pp == 1 else "1f1b"
+    enc = list(spec.shape.encoders)
+    times, mem = [], [0.0] * run.pp
+    for it in iterations:
+        mbs = trainer_microbatches(spec, run, it)
+        scheds = [generate(schedule, placement, structure_of(x, enc)) for x in mbs]
+        res = semu.simulate_step(scheds, mbs, record_events=False)
+        times.append(res.step_time_s)
+        mem = [max(a, b) for a, b in zip(mem, res.peak_activation_bytes)]
+    return times, mem
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--calibration", required=True, help="tools/calibrate.py output")
+    parser.add_argument("--iters", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--runs", help="comma-separated run names (default: all)")
+    parser.add_argument("--memory", action="store_true", help="also compare activation memory")
+    parser.add_argument("--smoke", action="store_true", help="one tiny run (tests the harness)")
+    parser.add_argument("--workdir", help="keep metrics files here")
+    args = parser.parse_args()
+    cal = Calibration.load(args.calibration)
+    if args.smoke:
+        runs, iters, warmup = [SMOKE], 4, 1
+    else:
+        names = set(args.runs.split(",")) if args.runs else None
+        runs = [r for r in RUNS if names is None or r.name in names]
+        iters, warmup = args.iters, args.warmup
+        if names and len(runs) != len(names):
+            sys.exit(f"error: unknown runs {sorted(names - {r.name for r in RUNS})}")
+    tmp = tempfile.TemporaryDirectory() if not args.workdir else None
+    workdir = Path(args.workdir or tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for run in runs:
+        spec = load_model_config(BASE_CONFIG, _overrides(run))
+        records = timing_run(run, iters, workdir)
+        timed = records[warmup:]
+        o = Outcome(run, measured_s=[r["iteration_time_s"] for r in timed])
+        o.predicted_s, mem = predict(spec, run, cal, [r["iteration"] - 1 for r in timed])
+        if args.memory:
+            peaks = memory_run(run, spec, min(iters, 4), workdir)
+            # Process rank -> pipeline rank: PP is the outer dimension (rank = dp + DP * pp).
+            by_pp = [0.0] * run.pp
+            for rank, peak in peaks.items():
+                by_pp[rank // run.dp] = max(by_pp[rank // run.dp], peak)
+            o.measured_mem, o.predicted_mem = by_pp, mem
+        outcomes.append(o)
+        print(f"  {run.name}: measured {statistics.median(o.measured_s) * 1e3:.1f} ms, "
+              f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms", flush=True)  # fmt: skip
+    print(f"SEMU accuracy on {cal.device} (calibration: {cal.source})")
+    print(
+        f"{'run':22s} {'PP':>2s} {'DP':>2s} {'workload':24s} {'measured ms':>11s} "
+        f"{'predicted ms':>12s} {'error':>7s}   activations measured / predicted (per PP rank)"
+    )
+    for o in outcomes:
+        r = o.run
+        line = (
+            f"{r.name:22s} {r.pp:2d} {r.dp:2d} {r.workload:24s} "
+            f"{statistics.median(o.measured_s) * 1e3:11.1f} "
+            f"{statistics.median(o.predicted_s) * 1e3:12.1f} {o.time_error:7.1%}"
+        )
+        if o.measured_mem:
+            pairs = ", ".join(
+                f"{m / 2**20:.2f}/{p / 2**20:.2f} MiB"
+                for m, p in zip(o.measured_mem, o.predicted_mem)
+            )
+            line += f"   {pairs} (max error {o.memory_error:.1%})"
+        print(line)
+    mae = statistics.mean(o.time_error for o in outcomes)
+    worst = max(outcomes, key=lambda o: o.time_error)
+    print(f"mean absolute error {mae:.1%}; worst {worst.run.name} {worst.time_error:.1%}")
+    mem_errs = [o.memory_error for o in outcomes if o.memory_error is not None]
+    if mem_errs:
+        print(f"semu_memory_max_error_pct: {100 * max(mem_errs):.1f}")
+    print(f"semu_mae_pct: {100 * mae:.1f}")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

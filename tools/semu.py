@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Simulate one training step with SEMU: step time, bubble, MFU, peak memory, a timeline.
+
+Usage (from the repository root)::
+
+    python tools/semu.py --model CONFIG --cluster CONFIG [--workload SPEC] [--schedule NAME]
+                         [--trace F.json] [--png F.png] [--json] [options]
+
+``--model`` is a model config (``scripts/configs/<name>.json`` or its name: the trainer's
+flags), ``--cluster`` a cluster config (device type, number of devices, devices per node).
+The microbatches are the ones the trainer would run: samples drawn from the workload with
+the config's seed, in Megatron's sampler order, packed per microbatch and padded to micro
+batch x sequence length when PP > 1. Each DP replica gets its own microbatches and pipeline.
+
+Schedules (``--schedule``): ``megatron`` (default: the upstream baseline, i.e. ``none`` for
+PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleaved``, ``none``
+and ``dataflow`` (any placement; with ``--placement interleaved`` the encoders are spread over
+all ranks, DIP's layout).
+
+``--json`` prints one JSON object::
+
+    step_time_s: float            # the step
+    bubble_ratio: float           # 1 - busy / (P x pipeline span), slowest DP replica
+    mfu: float                    # model FLOPs / (step x devices x peak)
+    peak_memory_bytes: [float]    # per pipeline rank: weights + grads + optimizer + activations
+    peak_activation_bytes: [float]
+    static_bytes: [{params, weights, gradients, optimizer}]
+    busy_s, idle_s: [float]       # per pipeline rank, slowest replica
+    breakdown: {host, a2a, pipeline, allreduce_and_optimizer}
+    model_flops, num_devices, critical_replica, reuse: {level: {hits, misses, hit_rate, entries}}
+    config: {model, cluster, schedule, placement, tp, pp, dp, num_microbatches, workload,
+             iteration, replicas_simulated}
+
+Errors print one ``error:`` line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, NoReturn
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from orchestration.calibration import Calibration  # noqa: E402
+from orchestration.workload import (  # noqa: E402
+    WorkloadError,
+    WorkloadGenerator,
+    WorkloadSpec,
+    read_jsonl,
+)
+from pipeweaver.checker import check  # noqa: E402
+from pipeweaver.ir import Memory, Placement, ScheduleError  # noqa: E402
+from pipeweaver.schedules import generate  # noqa: E402
+from pipeweaver.semu import trace  # noqa: E402
+from pipeweaver.semu.batches import step_microbatches, structure_of  # noqa: E402
+from pipeweaver.semu.hardware import ClusterSpec  # noqa: E402
+from pipeweaver.semu.model import ModelConfigError, ModelSpec, load_model_config  # noqa: E402
+from pipeweaver.semu.simulator import Semu  # noqa: E402
+
+CONFIG_DIR = os.path.join(_REPO_ROOT, "scripts", "configs")
+
+
+def _fail(msg: str) -> NoReturn:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _config_path(name: str) -> str:
+    if os.path.isfile(name):
+        return name
+    for cand in (os.path.join(CONFIG_DIR, name), os.path.join(CONFIG_DIR, f"{name}.json")):
+        if os.path.isfile(cand):
+            return cand
+    _fail(f"config not found: {name} (not a file, nor a config in {CONFIG_DIR})")
+
+
+def _kv(text: str, what: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            _fail(f"{what}: expected name=value pairs, got {part!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set flag=value`` pairs; values are JSON when they parse as JSON, else strings."""
+    out: dict[str, Any] = {}
+    for s in sets:
+        if "=" not in s:
+            _fail(f"--set expects FLAG=VALUE, got {s!r}")
+        k, v = s.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
+    """Placement, per-replica microbatches and schedules of the step to simulate."""
+    dp = spec.parallel.data(cluster.num_devices)
+    pp = spec.parallel.pipeline
+    m = spec.training.num_microbatches(dp)
+    workload = args.workload or spec.training.workload
+    seed = spec.training.workload_seed if args.seed is None else args.seed
+    scale = spec.training.workload_token_scale if args.token_scale is None else args.token_scale
+    if workload.endswith(".jsonl"):
+        samples = read_jsonl(workload)
+        sample_of = lambda k: samples[k % len(samples)]  # noqa: E731
+    else:
+        gen = WorkloadGenerator(WorkloadSpec.load(workload), seed=seed, token_scale=scale)
+        sample_of = gen.sample
+    encoders = list(spec.shape.encoders)
+    seq = spec.training.seq_length
+    pad = args.pad == "megatron" and pp > 1
+    replicas = dp if args.replicas is None else max(1, min(args.replicas, dp))
+    items_per_sub = {k: int(v) for k, v in _kv(args.sub_items or "", "--sub-items").items()}
+    shape = spec.shape
+    mbs_all = step_microbatches(
+        sample_of,
+        args.iteration,
+        dp,
+        spec.training.micro_batch_size,
+        m,
+        encoders,
+        pad_to=seq * spec.training.micro_batch_size if pad else None,
+        max_pad_run=seq,
+        items_per_sub=items_per_sub,
+        flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
+    )[:replicas]
+    name = args.schedule
+    if name == "megatron":
+        name = (
+            "none"
+            if pp == 1
+            else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
+        )
+    placement_kind = args.placement or ("interleaved" if name == "dataflow" else "baseline")
+    if placement_kind == "baseline":
+        placement = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
+    else:
+        k = {mod: int(v) for mod, v in _kv(args.chunks_per_rank or "", "--chunks-per-rank").items()}
+        k.setdefault("llm", spec.parallel.llm_chunks_per_rank)
+        placement = Placement.interleaved(pp, spec.layers(), k)
+    memory = Memory(args.memory or spec.training.memory)
+    schedules = []
+    cache: dict = {}
+    for mbs in mbs_all:
+        st = structure_of(mbs, encoders)
+        if st not in cache:
+            sched = generate(name, placement, st, memory=memory)
+            if not args.no_check:
+                check(sched)
+            cache[st] = sched
+        schedules.append(cache[st])
+    info = {
+        "model": spec.name,
+        "cluster": cluster.name,
+        "schedule": name,
+        "placement": placement_kind,
+        "tp": spec.parallel.tensor,
+        "pp": pp,
+        "dp": dp,
+        "num_microbatches": m,
+        "workload": workload,
+        "iteration": args.iteration,
+        "replicas_simulated": replicas,
+    }
+    return schedules, mbs_all, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--model", required=True, help="model config (path or name)")
+    parser.add_argument("--cluster", required=True, help="cluster config (path or name)")
+    parser.add_argument("--workload", help="workload spec or JSONL (default: the model config's)")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the config's)")
+    parser.add_argument("--token-scale", type=float, help="workload token scale")
+    parser.add_argument("--iteration", type=int, default=0, help="which step of the stream")
+    parser.add_argument(
+        "--schedule",
+        default="megatron",
+        choices=["megatron", "1f1b", "interleaved", "none", "dataflow"],
+        help="schedule generator (default: the upstream-Megatron baseline)",
+    )
+    parser.add_argument("--placement", choices=["baseline", "interleaved"], help="chunk layout")
+    parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
+    parser.add_argument("--sub-items", help="items per sub-microbatch, e.g. vision=4,audio=2")
+    parser.add_argument("--memory", choices=["none", "recompute", "offload"], help="every stage")
+    parser.add_argument(
+        "--pad",
+        choices=["megatron", "none"],
+        default="megatron",
+        help="pad microbatches when PP > 1 as the baseline trainer does",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="override a model flag, e.g. --set pipeline-model-parallel-size=2",
+    )
+    parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py)")
+    parser.add_argument("--replicas", type=int, help="simulate only this many DP replicas")
+    parser.add_argument(
+        "--balancer-bytes", help="JSON: phase -> bytes per device or DP x DP matrix"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip the static checker")
+    parser.add_argument("--no-reuse", action="store_true", help="disable the reuse caches")
+    parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    parser.add_argument("--png", help="write a PNG timeline here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        model_path = _config_path(args.model)
+        spec = load_model_config(model_path, parse_sets(args.set))
+        cluster_path = _config_path(args.cluster)
+        with open(cluster_path, encoding="utf-8") as f:
+            cluster = ClusterSpec.from_json(json.load(f), where=cluster_path)
+        calibration = Calibration.load(args.calibration) if args.calibration else None
+        schedules, mbs, info = build_step(args, spec, cluster)
+        balancer = None
+        if args.balancer_bytes:
+            with open(args.balancer_bytes, encoding="utf-8") as f:
+                balancer = json.load(f)
+        semu = Semu(spec, cluster, calibration, reuse=not args.no_reuse)
+        t0 = time.perf_counter()
+        result = semu.simulate_step(schedules, mbs, balancer_bytes=balancer)
+        info["simulation_s"] = time.perf_counter() - t0
+    except (ModelConfigError, WorkloadError, ScheduleError, ValueError, json.JSONDecodeError) as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename}: {e.strerror}")
+    if args.trace:
+        trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
+    if args.png:
+        trace.write_png(
+            result,
+            args.png,
+            title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
+            f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
+            f"MFU {result.mfu:.1%}",
+        )
+    if args.json:
+        print(json.dumps({**result.to_json(), "config": info}))
+    else:
+        header = [
+            f"SEMU: {spec.name} on {cluster.name} ({cluster.device.name} x {cluster.num_devices}), "
+            f"TP={info['tp']} PP={info['pp']} DP={info['dp']}, schedule {info['schedule']} "
+            f"({info['placement']} placement), {info['num_microbatches']} microbatches per "
+            f"replica, workload {info['workload']} iteration {info['iteration']}"
+            + (
+                f", {info['replicas_simulated']} replicas simulated"
+                if info["replicas_simulated"] < info["dp"]
+                else ""
+            )
+        ]
+        print(trace.summary(result, header))
+        print(f"simulated in {info['simulation_s'] * 1e3:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
