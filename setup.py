@@ -19,7 +19,7 @@ setup(
     python_requires=">=3.12",
     packages=find_namespace_packages(include=["megatron.mllm*", "orchestration*", "pipeweaver*"]),
     package_data={"orchestration": ["workloads/*.json"]},
-    install_requires=["megatron-core==0.19.2", "numpy"],
+    install_requires=["megatron-core==0.19.2", "numpy", "matplotlib", "highspy"],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6"],
         "gpu": ["transformer-engine[pytorch]"],
