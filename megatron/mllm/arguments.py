@@ -140,6 +140,40 @@ def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "balancer's cost model. Default: costs from the model's FLOPs.",
     )
 
+    group = parser.add_argument_group(title="OrchWeave: pipeline runtime (PipeWeaver/DIP)")
+    group.add_argument(
+        "--pipeline-schedule",
+        choices=["megatron", "1f1b", "interleaved", "dynamic"],
+        default="megatron",
+        help="megatron: megatron-core's own engine (encoders on stage 0, fixed padded shapes). "
+        "1f1b / interleaved: the same orders in OrchWeave's schedule IR, run by its runtime "
+        "(no padding). dynamic: every module cut into chunks over all stages, a new greedy "
+        "dual-queue order every batch. Default: %(default)s.",
+    )
+    for name in ("vision", "audio", "llm"):
+        group.add_argument(
+            f"--{name}-chunks-per-stage",
+            type=int,
+            default=1,
+            help=f"K: the {name} module is cut into pipeline-size x K chunks, chunk j on stage "
+            f"j mod P (dynamic; interleaved uses the LLM's). Default: %(default)s.",
+        )
+    group.add_argument(
+        "--encoder-sub-microbatch-tokens",
+        type=int,
+        default=0,
+        help="Split each microbatch's images/audio into sub-microbatches of at most this many "
+        "encoder tokens (whole items) that flow through the encoder chunks separately; 0 keeps "
+        "one sub per encoder and microbatch. Default: %(default)s.",
+    )
+    group.add_argument(
+        "--pipeline-recompute",
+        choices=["none", "all"],
+        default="none",
+        help="Runtime schedules: recompute every chunk's forward in its backward (activation "
+        "checkpointing per stage). Default: %(default)s.",
+    )
+
     group = parser.add_argument_group(title="OrchWeave: projectors and logging")
     group.add_argument(
         "--projector-type",
@@ -203,7 +237,7 @@ def check_layout(args: argparse.Namespace) -> None:
         )
     if cp != 1:
         raise ConfigError("--context-parallel-size > 1 is not supported by OrchWeave yet")
-    if args.num_layers % pp != 0:
+    if args.num_layers % pp != 0 and args.pipeline_schedule == "megatron":
         raise ConfigError(
             f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size "
             f"{pp}: the baseline splits the LLM layers evenly over the stages"
@@ -249,6 +283,31 @@ def finish_arguments(args: argparse.Namespace) -> None:
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
     args.post_balance_caps = _parse_caps(args.post_balance_token_caps)
+    for name in ("vision", "audio", "llm"):
+        if getattr(args, f"{name}_chunks_per_stage") < 1:
+            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1")
+    if args.encoder_sub_microbatch_tokens < 0:
+        raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
+    pp = args.pipeline_model_parallel_size
+    if args.pipeline_schedule != "megatron":
+        for name in ("vision", "audio", "llm"):
+            layers = args.num_layers if name == "llm" else getattr(args, f"{name}_num_layers")
+            k = getattr(args, f"{name}_chunks_per_stage")
+            if args.pipeline_schedule != "dynamic":
+                k = 1 if name != "llm" or args.pipeline_schedule == "1f1b" else k
+                if name != "llm":
+                    continue
+            if layers and layers < pp * k:
+                raise ConfigError(
+                    f"--pipeline-schedule {args.pipeline_schedule} cuts the {name} module into "
+                    f"--pipeline-model-parallel-size {pp} x --{name}-chunks-per-stage {k} chunks, "
+                    f"but it has only {layers} layers"
+                )
+    if args.pipeline_schedule == "megatron" and args.pipeline_recompute != "none":
+        raise ConfigError(
+            "--pipeline-recompute applies to OrchWeave's runtime; with --pipeline-schedule "
+            "megatron use Megatron's --recompute-granularity"
+        )
     if args.gpus_per_node is None:
         args.gpus_per_node = _default_gpus_per_node()
     if args.gpus_per_node < 1:

@@ -284,7 +284,7 @@ class PostBalancer:
         plan = plan_whole_samples(md, self.cost_model, algorithm=self.algorithm)
         self._check(plan.digest)
         self.dispatcher.reset_counters()
-        with_features = tr.pp_rank == 0
+        with_features = tr.needs_features
         payloads = [tr.task.payload(meta, k, with_features=with_features) for k, meta in local]
         ex = plan.dispatch
         mine = ex.dst_items(self.me)
@@ -333,15 +333,7 @@ class PostBalancer:
             labels=[f"sample {ids[s]!r}" for s, _, _ in samples],
         )
         microbatches = [
-            build_microbatch(
-                [(samples[i][1], samples[i][2]) for i in mb],
-                encoders,
-                pad_to=tr.pad_to,
-                device=device,
-                with_features=with_features,
-                max_pad_run=tr.args.seq_length,
-            )
-            for mb in mb_plan.microbatches
+            tr.pack([(samples[i][1], samples[i][2]) for i in mb]) for mb in mb_plan.microbatches
         ]
         stats = BalanceStats(
             imbalance_before={"groups": plan.imbalance_before},

@@ -332,3 +332,38 @@ def build_microbatch(
     return PackedMicrobatch(
         sample_ids=[meta.sample_id for meta, _ in samples], language=language, encoders=enc_inputs
     )
+
+
+def split_encoder_input(
+    enc: EncoderInput, items: Sequence[tuple[int, int, int]], groups: Sequence[tuple[int, int]]
+) -> list[EncoderInput]:
+    """Cut a microbatch's encoder inputs into sub-microbatches of whole items.
+
+    Args:
+        enc: the microbatch's inputs of one encoder.
+        items: ``(units, encoder tokens, LLM rows)`` of each item, in packing order.
+        groups: ``[start, stop)`` item ranges of the subs, consecutive and covering all items.
+
+    Returns:
+        One :class:`EncoderInput` per sub; its rows are the sub's slice of the microbatch's rows
+        (items never straddle subs, so every pooling pair stays inside its sub).
+    """
+    bounds = np.cumsum([(0, 0, 0)] + [tuple(x) for x in items], axis=0)
+    pool_rows = enc.pool_rows
+    out = []
+    for a, b in groups:
+        u0, t0, r0 = (int(v) for v in bounds[a])
+        u1, t1, r1 = (int(v) for v in bounds[b])
+        sel = (pool_rows >= r0) & (pool_rows < r1)
+        out.append(
+            EncoderInput(
+                unit_lens=enc.unit_lens[u0:u1],
+                features=None if enc.features is None else enc.features[t0:t1],
+                positions=enc.positions[t0:t1],
+                pool_rows=pool_rows[sel] - r0,
+                pool_tokens=enc.pool_tokens[sel] - t0,
+                pool_counts=enc.pool_counts[r0:r1],
+                num_rows=r1 - r0,
+            )
+        )
+    return out

@@ -128,8 +128,8 @@ def load_checkpoint(
             "saved with another --tensor-model-parallel-size / --pipeline-model-parallel-size?)"
         )
     state = torch.load(path, map_location="cpu", weights_only=False)
-    saved = {k: v for k, v in state["layout"].items() if k in ("tp", "pp")}
-    wanted = {k: v for k, v in layout.items() if k in ("tp", "pp")}
+    saved = {k: v for k, v in state["layout"].items() if k in ("tp", "pp", "chunks")}
+    wanted = {k: v for k, v in layout.items() if k in ("tp", "pp", "chunks")}
     if saved != wanted:
         raise CheckpointError(f"{path} was saved with layout {saved}, this run uses {wanted}")
     model.load_state_dict(state["model"])

@@ -54,6 +54,15 @@ from megatron.mllm.metrics import (  # noqa: E402
     write_metrics,
 )
 from megatron.mllm.model import PipelineStageModel, baseline_stage_chunks  # noqa: E402
+from megatron.mllm.pipeline import (  # noqa: E402
+    RuntimeModel,
+    build_pipeline_microbatch,
+    runtime_placement,
+    schedule_function,
+)
+from pipeweaver.ir import Memory  # noqa: E402
+from pipeweaver.runtime.executor import PipelineRuntime  # noqa: E402
+from pipeweaver.runtime.p2p import PipelineP2P  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -188,8 +197,21 @@ class Trainer:
             seed=args.workload_seed,
         )
 
-        chunks = baseline_stage_chunks(self.mllm, self.pp_rank, self.pp_size)
-        self.model = PipelineStageModel(self.mllm, chunks, self.pg_collection).to(self.device)
+        self.runtime = None
+        if args.pipeline_schedule == "megatron":
+            chunks = baseline_stage_chunks(self.mllm, self.pp_rank, self.pp_size)
+            self.model = PipelineStageModel(self.mllm, chunks, self.pg_collection)
+        else:
+            # OrchWeave's runtime shapes every tensor from metadata: no padding.
+            self.pad_to = None
+            self.placement = runtime_placement(
+                args.pipeline_schedule,
+                self.pp_size,
+                self.mllm,
+                {m: getattr(args, f"{m}_chunks_per_stage") for m in ("vision", "audio", "llm")},
+            )
+            self.model = RuntimeModel(self.mllm, self.placement, self.pp_rank, self.pg_collection)
+        self.model = self.model.to(self.device)
         self.ddp_model = DistributedDataParallel(
             config=self.mllm.language,
             ddp_config=_ddp_config(args),
@@ -207,7 +229,21 @@ class Trainer:
         config.no_sync_func = self.ddp_model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
-        self.forward_backward_func = get_forward_backward_func(pp_size=self.pp_size, vp_size=None)
+        if args.pipeline_schedule == "megatron":
+            self.forward_backward_func = get_forward_backward_func(
+                pp_size=self.pp_size, vp_size=None
+            )
+        else:
+            memory = Memory.RECOMPUTE if args.pipeline_recompute == "all" else Memory.NONE
+            self.runtime = PipelineRuntime(
+                self.placement,
+                self.model.stage,
+                PipelineP2P(self.pg_collection.pp),
+                schedule_function(args.pipeline_schedule, self.shape, memory),
+                self.device,
+                config.pipeline_dtype or config.params_dtype,
+            )
+            self.forward_backward_func = self.runtime.forward_backward
         self.balancer = None
         self.balance_stats = None
         if args.post_balance != "none":
@@ -237,9 +273,31 @@ class Trainer:
             )
 
     @property
-    def layout(self) -> dict[str, int]:
-        """The parallel layout, as stored in checkpoints."""
-        return {"tp": self.args.tensor_model_parallel_size, "pp": self.pp_size, "dp": self.dp_size}
+    def layout(self) -> dict[str, Any]:
+        """The parallel layout and chunk placement, as stored in checkpoints."""
+        chunks = [
+            f"{m}{c}:{a}-{b}"
+            for m, c in self.model_chunks()
+            for a, b in [self._layer_range(m, c)]
+        ]
+        return {
+            "tp": self.args.tensor_model_parallel_size,
+            "pp": self.pp_size,
+            "dp": self.dp_size,
+            "chunks": chunks,
+        }
+
+    def model_chunks(self) -> list[tuple[str, int]]:
+        """``(module, chunk index)`` of the chunks on this rank."""
+        if self.runtime is not None:
+            return self.placement.chunks_on(self.pp_rank)
+        return [(c.module, 0 if c.module != "llm" else self.pp_rank) for c in self.model.chunk_ids]
+
+    def _layer_range(self, module: str, chunk: int) -> tuple[int, int]:
+        if self.runtime is not None:
+            return self.placement.layer_range(module, chunk)
+        cid = next(c for c in self.model.chunk_ids if c.module == module)
+        return cid.start, cid.stop
 
     # ----------------------------------------------------------------------------- data
 
@@ -252,25 +310,42 @@ class Trainer:
             for d in range(self.dp_size)
         ]
 
-    def microbatches(self, indices: list[list[int]]) -> list[PackedMicrobatch]:
-        """Build this rank's packed microbatches from stream indices."""
-        with_features = self.pp_rank == 0
+    @property
+    def needs_features(self) -> bool:
+        """Whether this rank runs an encoder's input layer (and so needs pixels/features)."""
+        if self.runtime is not None:
+            return self.model.holds_encoder_inputs
+        return self.pp_rank == 0
+
+    def pack(self, samples: list[tuple[Any, Any]]):
+        """One microbatch of ``(metadata, payload)`` pairs, as this run's schedule consumes it:
+        padded for megatron-core's pipeline, unpadded with sub-microbatches for the runtime."""
+        if self.runtime is not None:
+            return build_pipeline_microbatch(
+                samples,
+                self.mllm,
+                self.device,
+                self.needs_features,
+                self.args.encoder_sub_microbatch_tokens or None,
+            )
+        return build_microbatch(
+            samples,
+            list(self.mllm.encoders),
+            pad_to=self.pad_to,
+            device=self.device,
+            with_features=self.needs_features,
+            max_pad_run=self.args.seq_length,
+        )
+
+    def microbatches(self, indices: list[list[int]]) -> list:
+        """Build this rank's microbatches from stream indices."""
         out = []
         for mb in indices:
             samples = []
             for k in mb:
                 meta = self.source.meta(k)
-                samples.append((meta, self.task.payload(meta, k, with_features=with_features)))
-            out.append(
-                build_microbatch(
-                    samples,
-                    list(self.mllm.encoders),
-                    pad_to=self.pad_to,
-                    device=self.device,
-                    with_features=with_features,
-                    max_pad_run=self.args.seq_length,
-                )
-            )
+                samples.append((meta, self.task.payload(meta, k, self.needs_features)))
+            out.append(self.pack(samples))
         return out
 
     # ----------------------------------------------------------------------------- step

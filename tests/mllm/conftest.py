@@ -1,15 +1,69 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Shared fixtures of the trainer tests."""
+"""Shared fixtures of the trainer tests: one launch per world size runs every configuration."""
 
 from __future__ import annotations
 
 import pytest
-from equivalence import FULL_SHAPES, gradients
+from equivalence import FULL_SHAPES, run_configs, variable_workload
+
+BALANCED = ["--post-balance", "auto"]
+DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"]
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory):
-    """PP=1, DP=1, TP=1 on the default workload: one process sees the whole global batch."""
-    ref = gradients(tmp_path_factory.mktemp("ref"), 1, [])
-    FULL_SHAPES.update({name: g.shape for name, g in ref[0].items()})
-    return ref
+def workload_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("workloads")
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory, workload_dir):
+    """PP=1, DP=1, TP=1: one process sees the whole global batch, per workload."""
+    runs = run_configs(
+        tmp_path_factory.mktemp("world1"),
+        1,
+        {"default": [], "variable": variable_workload(workload_dir)},
+    )
+    FULL_SHAPES.update({name: g.shape for name, g in runs["default"][0].items()})
+    return runs
+
+
+@pytest.fixture(scope="session")
+def reference(references):
+    """The default workload's one-process reference."""
+    return references["default"]
+
+
+@pytest.fixture(scope="session")
+def world2(tmp_path_factory, references, workload_dir):
+    """Every 2-process configuration, one launch."""
+    variable = variable_workload(workload_dir)
+    configs = {
+        "pp2-megatron": ["--pipeline-model-parallel-size", "2"],
+        "dp2": [],
+        "tp2": ["--tensor-model-parallel-size", "2"],
+        "dp2-balanced": BALANCED,
+        "pp2-1f1b": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b"],
+        "pp2-interleaved": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                            "interleaved", "--llm-chunks-per-stage", "2"],  # fmt: skip
+        "pp2-dynamic": DYNAMIC,
+        "pp2-dynamic-subs-recompute": [*DYNAMIC, "--vision-chunks-per-stage", "1",
+                                       "--llm-chunks-per-stage", "2",
+                                       "--encoder-sub-microbatch-tokens", "40",
+                                       "--pipeline-recompute", "all"],  # fmt: skip
+        "variable-pp2-dynamic": [*variable, *DYNAMIC, "--encoder-sub-microbatch-tokens", "30"],
+        "variable-dp2-balanced": [*variable, *BALANCED],
+        "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
+                                       "--gpus-per-node", "1"],  # fmt: skip
+    }
+    return run_configs(tmp_path_factory.mktemp("world2"), 2, configs, tp={"tp2": 2})
+
+
+@pytest.fixture(scope="session")
+def world4(tmp_path_factory, references):
+    """Every 4-process configuration, one launch (4 processes simulate 2 nodes x 2 ranks)."""
+    configs = {
+        "dp4-kk-node-wise": ["--post-balance", "kk", "--node-wise-a2a", "--gpus-per-node", "2"],
+        "dp2-pp2-whole-samples": [*BALANCED, "--pipeline-model-parallel-size", "2"],
+        "dp2-pp2-whole-samples-dynamic": [*BALANCED, *DYNAMIC],
+    }
+    return run_configs(tmp_path_factory.mktemp("world4"), 4, configs)

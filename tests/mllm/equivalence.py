@@ -1,51 +1,95 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Gradient-equivalence helpers: one step's gradients of any layout, merged by global name."""
+"""Gradient-equivalence helpers: one step's gradients of any layout, merged by global name.
+
+Every layout, schedule and balancing mode must learn exactly what one process learns from the
+same global batch: same initial weights (bit for bit), same loss, same gradients (1e-5
+relative). Configurations of one world size run in one launch (``grad_worker.py``).
+"""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import torch
 from launch import check, torchrun
 
 GRAD_WORKER = Path(__file__).with_name("grad_worker.py")
-_RUNS = itertools.count()
 
-# A tiny model on the default workload: every module (vision, audio, LLM) gets work.
+# A tiny model on the default workload: every module (vision, audio, LLM) gets work, and every
+# module has enough layers to be cut into 2 stages x 2 chunks.
 TINY = [
     "--distributed-backend", "gloo", "--transformer-impl", "local",
-    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
     "--seq-length", "256", "--max-position-embeddings", "256", "--vocab-size", "256",
-    "--vision-num-layers", "2", "--vision-patch-size", "2", "--audio-num-layers", "1",
+    "--vision-num-layers", "2", "--vision-patch-size", "2", "--audio-num-layers", "2",
     "--audio-feature-dim", "16", "--workload-token-scale", "0.03125",
     "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "1",
     "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0",
     "--synthetic-num-classes", "8",
 ]  # fmt: skip
 
+# Variable shapes in one step. With 2 samples per microbatch and DP=1 the microbatches hold
+# 6 images and no audio; nothing but text; 2 images and audio; text only. With DP=2, rank 1
+# (Megatron's order: samples 2, 3, 6, 7) loads no image and no audio at all.
+VARIABLE_JSONL = """\
+{"id": "img-a", "text_tokens": 20, "image": [{"units": [16, 16], "llm_tokens": 8}]}
+{"id": "img-b", "text_tokens": 9, "image": [24, 8, 12, {"units": [40], "llm_tokens": 10}, 6]}
+{"id": "txt-c", "text_tokens": 30}
+{"id": "txt-d", "text_tokens": 12}
+{"id": "img-e", "text_tokens": 5, "image": [{"units": [64], "llm_tokens": 16}], \
+"audio": [{"units": [47, 47], "llm_tokens": 20}]}
+{"id": "img-f", "text_tokens": 40, "image": [{"units": [32], "llm_tokens": 8}]}
+{"id": "txt-g", "text_tokens": 7}
+{"id": "txt-h", "text_tokens": 64}
+"""
 
-def gradients(
-    tmp_path: Path, nproc: int, extra: list[str], tp: int = 1
-) -> tuple[dict, dict, torch.Tensor]:
-    """Gradients, initial parameters and loss of one step, merged over ranks by global name.
 
-    With TP, rank ``r`` holds shard ``r % tp`` of sharded tensors; shards are concatenated along
-    the dimension where their shape differs from the full tensor's (``reference`` has TP=1).
+def variable_workload(directory: Path) -> list[str]:
+    """Flags that train on :data:`VARIABLE_JSONL` (written into ``directory``)."""
+    path = directory / "variable.jsonl"
+    path.write_text(VARIABLE_JSONL)
+    return ["--workload", str(path), "--workload-token-scale", "1"]
+
+
+FULL_SHAPES: dict[str, torch.Size] = {}
+"""Unsharded shape of every parameter (from the TP=1 reference), to merge TP shards."""
+
+
+def run_configs(
+    tmp_path: Path, nproc: int, configs: dict[str, list[str]], tp: dict[str, int] | None = None
+) -> dict[str, tuple[dict, dict, torch.Tensor]]:
+    """Run configurations of one world size in one launch; merge each over its ranks.
+
+    Returns:
+        Per configuration name: (gradients, initial parameters, [loss sum, tokens]).
     """
-    out = tmp_path / f"grads_{nproc}_{next(_RUNS)}"
-    out.mkdir()
-    check(torchrun(nproc, GRAD_WORKER, [str(out), *TINY, *extra]))
-    data = [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
+    argv = [str(tmp_path)]
+    for name, flags in configs.items():
+        argv += [name, *TINY, *flags, "---"]
+    check(torchrun(nproc, GRAD_WORKER, argv, timeout=600))
+    return {
+        name: merge([torch.load(tmp_path / name / f"rank{r}.pt") for r in range(nproc)],
+                    (tp or {}).get(name, 1))  # fmt: skip
+        for name in configs
+    }
+
+
+def merge(data: list[dict], tp: int = 1) -> tuple[dict, dict, torch.Tensor]:
+    """Merge ranks' files by global name; TP shards are concatenated, DP replicas must agree.
+
+    With TP, rank ``r`` holds shard ``r % tp``; a shard is concatenated along the dimension
+    where its shape differs from the full tensor's.
+    """
     grads, params, loss = {}, {}, None
-    for r in range(0, nproc, tp):  # one TP group at a time
+    for r in range(0, len(data), tp):  # one TP group at a time
         group = data[r : r + tp]
         for key, merged in (("grads", grads), ("params", params)):
             for name in group[0][key]:
                 shards = [d[key][name] for d in group]
                 full = shards[0]
                 if name in FULL_SHAPES and full.shape != FULL_SHAPES[name]:
-                    full = torch.cat(shards, _shard_dim(name, full))
+                    dim = next(i for i in range(full.dim()) if full.shape[i] != FULL_SHAPES[name][i])
+                    full = torch.cat(shards, dim)
                 if key == "grads" and name in merged:  # replicated over DP: replicas agree
                     torch.testing.assert_close(full, merged[name], rtol=1e-6, atol=0)
                 merged[name] = full
@@ -53,18 +97,11 @@ def gradients(
     return grads, params, loss
 
 
-FULL_SHAPES: dict[str, torch.Size] = {}
-
-
-def _shard_dim(name: str, shard: torch.Tensor) -> int:
-    full = FULL_SHAPES[name]
-    return next(i for i in range(shard.dim()) if shard.shape[i] != full[i])
-
-
 def assert_equivalent(run, reference) -> None:
+    """Same initial weights, loss within 1e-6 and every gradient within 1e-5 (relative)."""
     grads, params, loss = run
     ref_grads, ref_params, ref_loss = reference
-    assert set(grads) == set(ref_grads)
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
     for name, p in params.items():
         assert torch.equal(p, ref_params[name]), f"initial weights of {name} differ"
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)

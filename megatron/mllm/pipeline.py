@@ -1,0 +1,299 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The model and data side of OrchWeave's pipeline runtime (``pipeweaver.runtime``).
+
+- :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.ir.Placement` (any
+  module cut anywhere) as one megatron-core module, so megatron-core's DDP, optimizer and
+  ``finalize_model_grads`` treat it like any stage model;
+- :class:`ChunkStage` gives one chunk megatron-core's model contract (``set_input_tensor``,
+  ``forward(batch)``), which is what the runtime drives through megatron-core's
+  ``forward_step``/``backward_step``;
+- :class:`PipelineMicrobatch` is a packed microbatch without padding (the runtime derives every
+  shape from metadata) whose encoder units are split into sub-microbatches;
+- :func:`schedule_function` picks the step's order: Megatron's 1F1B or interleaved 1F1B in the
+  IR, or the dynamic greedy dual-queue interleaving with FLOPs-predicted stage durations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from megatron.core.enums import ModelType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import make_viewless_tensor
+from megatron.mllm.batch import (
+    EncoderInput,
+    LanguageInput,
+    PackedMicrobatch,
+    SamplePayload,
+    build_microbatch,
+    split_encoder_input,
+)
+from megatron.mllm.chunks import ChunkId, EncoderChunk, ModuleChunk, build_chunk
+from megatron.mllm.config import MLLMConfig
+from orchestration.model_shape import ModelShape
+from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from pipeweaver.interleave import greedy_dual_queue
+from pipeweaver.ir import Compute, Kind, Memory, Placement
+from pipeweaver.schedules import interleaved_one_f_one_b, one_f_one_b
+
+RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
+"""``--pipeline-schedule`` values run by OrchWeave's runtime (``megatron`` is megatron-core's)."""
+
+
+def runtime_placement(
+    schedule: str, pp_size: int, mllm: MLLMConfig, chunks_per_stage: dict[str, int]
+) -> Placement:
+    """Where every chunk lives for a runtime schedule.
+
+    ``1f1b`` and ``interleaved`` keep upstream Megatron's layout (encoders whole on stage 0, the
+    LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B);
+    ``dynamic`` cuts every module i into P x K_i chunks, chunk j on stage j mod P.
+    """
+    layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
+    if schedule == "dynamic":
+        return Placement.interleaved(pp_size, layers, chunks_per_stage)
+    k = chunks_per_stage.get("llm", 1) if schedule == "interleaved" else 1
+    return Placement.baseline(pp_size, layers, llm_chunks_per_rank=k)
+
+
+class ChunkStage(nn.Module):
+    """One chunk with megatron-core's model contract, for the runtime's forward/backward steps.
+
+    The chunk itself is owned (and registered) by :class:`RuntimeModel`; the stage only routes
+    the runtime's input tensors: the previous chunk's output, or for LLM chunk 0 the projected
+    rows of every encoder sub in ``PipelineMicrobatch.parts()`` order.
+    """
+
+    def __init__(self, chunk: ModuleChunk):
+        super().__init__()
+        self._chunk = [chunk]  # a list, so the chunk is not registered twice
+        self._inputs: list = []
+
+    @property
+    def chunk(self) -> ModuleChunk:
+        """The wrapped chunk."""
+        return self._chunk[0]
+
+    def set_input_tensor(self, tensors) -> None:
+        """megatron-core's hook: this stage's input tensors."""
+        self._inputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+
+    def forward(self, batch: "StageBatch") -> Tensor:
+        """Run the chunk on its share of a microbatch."""
+        chunk = self.chunk
+        mb = batch.microbatch
+        if isinstance(chunk, EncoderChunk):
+            sub = mb.sub_input(chunk.chunk.module, batch.sub)
+            hidden = None if chunk.is_first else self._inputs[0]
+            out = chunk.body(hidden, sub.features, sub.positions, sub.packed_seq_params())
+            if chunk.is_last:
+                # The runtime frees the data of stage outputs (megatron-core's
+                # deallocate_pipeline_outputs), which a view would defeat.
+                out = make_viewless_tensor(chunk.head(out.squeeze(1), sub), True, True)
+            return out
+        if chunk.is_first:
+            rows: dict[str, list[Tensor]] = {}
+            for (encoder, _), tensor in zip(mb.parts(), self._inputs):
+                rows.setdefault(encoder, []).append(tensor)
+            outputs = {e: torch.cat(parts) for e, parts in rows.items()}
+            return chunk(None, mb.language, outputs)
+        return chunk(self._inputs[0], mb.language)
+
+
+class RuntimeModel(MegatronModule):
+    """This rank's chunks of a placement, as one module for DDP and the optimizer."""
+
+    def __init__(self, mllm: MLLMConfig, placement: Placement, pp_rank: int, pg_collection):
+        super().__init__(config=mllm.language)
+        self.model_type = ModelType.encoder_or_decoder
+        # Input embedding and output layer are separate parameters: no embedding sync.
+        self.share_embeddings_and_output_weights = False
+        self.mllm = mllm
+        self.placement = placement
+        self.chunks = nn.ModuleDict()
+        self._stages: dict[tuple[str, int], ChunkStage] = {}
+        for module, c in placement.chunks_on(pp_rank):
+            start, stop = placement.layer_range(module, c)
+            chunk = build_chunk(mllm, ChunkId(module, start, stop), pg_collection)
+            self.chunks[f"{module}_{c}"] = chunk
+            self._stages[(module, c)] = ChunkStage(chunk)
+        last_llm = placement.num_chunks("llm") - 1
+        self.pre_process = ("llm", 0) in self._stages
+        self.post_process = ("llm", last_llm) in self._stages
+        self.holds_encoder_inputs = any(
+            (e, 0) in self._stages for e in placement.encoders
+        )
+
+    def stage(self, module: str, chunk: int) -> ChunkStage:
+        """The runtime's view of one chunk on this rank."""
+        return self._stages[(module, chunk)]
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """Inputs go to individual stages (:meth:`stage`), never to the container."""
+
+    def global_param_names(self) -> dict[str, str]:
+        """Local parameter name -> layout-independent name."""
+        names = {}
+        for key, chunk in self.chunks.items():
+            for local, _ in chunk.named_parameters():
+                names[f"chunks.{key}.{local}"] = chunk.global_name(local)
+        return names
+
+
+@dataclass
+class StageBatch:
+    """What ``forward_step_func`` gets for one stage: the microbatch and the stage's place."""
+
+    microbatch: "PipelineMicrobatch"
+    """The microbatch."""
+
+    module: str
+    """The stage's module."""
+
+    chunk: int
+    """The stage's chunk."""
+
+    sub: int
+    """The stage's sub-microbatch (0 for the LLM)."""
+
+    @property
+    def language(self) -> LanguageInput:
+        """The LLM inputs (the loss function reads the loss mask here)."""
+        return self.microbatch.language
+
+
+class PipelineMicrobatch:
+    """A packed microbatch for the runtime: no padding, encoder units in sub-microbatches."""
+
+    def __init__(self, packed: PackedMicrobatch, subs: dict[str, list[EncoderInput]],
+                 hidden_sizes: dict[str, int]):  # fmt: skip
+        self.packed = packed
+        self.subs = subs
+        self.hidden_sizes = hidden_sizes
+
+    @property
+    def language(self) -> LanguageInput:
+        """The LLM's inputs."""
+        return self.packed.language
+
+    def num_subs(self, encoder: str) -> int:
+        """Subs of an encoder here (0 without units)."""
+        return len(self.subs.get(encoder, ()))
+
+    def parts(self) -> list[tuple[str, int]]:
+        """``(encoder, sub)`` of every encoder sub, in the order LLM chunk 0 receives them."""
+        return [(e, s) for e in self.hidden_sizes if e != "llm" for s in range(self.num_subs(e))]
+
+    def sub_input(self, encoder: str, sub: int) -> EncoderInput:
+        """One sub-microbatch's encoder inputs."""
+        return self.subs[encoder][sub]
+
+    def output_shape(self, module: str, sub: int, last_chunk: bool) -> tuple[int, ...]:
+        """Shape of a chunk's output (the runtime sizes its receive buffers with it)."""
+        if module == "llm":
+            return (self.language.length, 1, self.hidden_sizes["llm"])
+        sub_input = self.subs[module][sub]
+        if last_chunk:
+            return (sub_input.num_rows, self.hidden_sizes["llm"])
+        return (sub_input.num_tokens, 1, self.hidden_sizes[module])
+
+    def stage_batch(self, module: str, chunk: int, sub: int) -> StageBatch:
+        """The batch ``forward_step_func`` receives for one stage."""
+        return StageBatch(self, module, chunk, sub)
+
+
+def _encoder_items(samples: Sequence[tuple[SampleMeta, SamplePayload]], encoder: str):
+    """``(units, tokens, rows)`` of each item of ``encoder`` in a microbatch, in packing order."""
+    out = []
+    for meta, _ in samples:
+        for m in MODALITIES:
+            if ENCODER_OF_MODALITY[m] != encoder:
+                continue
+            for item in meta.items(m):
+                out.append((len(item.units), item.encoder_tokens, item.llm_tokens))
+    return out
+
+
+def sub_microbatch_groups(items: Sequence[tuple[int, int, int]], max_tokens: int | None):
+    """Group consecutive items into subs of at most ``max_tokens`` encoder tokens (at least one
+    item each); None keeps all of a microbatch's items in one sub."""
+    if not items:
+        return []
+    if not max_tokens:
+        return [(0, len(items))]
+    groups, start, tokens = [], 0, 0
+    for i, (_, n, _) in enumerate(items):
+        if i > start and tokens + n > max_tokens:
+            groups.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    groups.append((start, len(items)))
+    return groups
+
+
+def build_pipeline_microbatch(
+    samples: Sequence[tuple[SampleMeta, SamplePayload]],
+    mllm: MLLMConfig,
+    device,
+    with_features: bool,
+    sub_tokens: int | None,
+) -> PipelineMicrobatch:
+    """Pack samples for the runtime (no padding) and cut each encoder's items into subs."""
+    encoders = list(mllm.encoders)
+    packed = build_microbatch(samples, encoders, device=device, with_features=with_features)
+    subs = {}
+    for enc, enc_input in packed.encoders.items():
+        items = _encoder_items(samples, enc)
+        subs[enc] = split_encoder_input(enc_input, items, sub_microbatch_groups(items, sub_tokens))
+    sizes = {e: c.hidden_size for e, c in mllm.encoders.items()}
+    sizes["llm"] = mllm.language.hidden_size
+    return PipelineMicrobatch(packed, subs, sizes)
+
+
+def stage_flops(shape: ModelShape, placement: Placement, microbatches: Sequence[PipelineMicrobatch]):
+    """Predicted duration of every stage, in forward+backward-weighted FLOPs.
+
+    A forward costs its layers over its sequences (units of the sub, or the microbatch's
+    samples) plus the input layer or head where the chunk has them; a backward twice that.
+    """
+
+    def duration(stage: Compute) -> float:
+        mb = microbatches[stage.microbatch]
+        start, stop = placement.layer_range(stage.module, stage.chunk)
+        last = stage.chunk == placement.num_chunks(stage.module) - 1
+        if stage.module == "llm":
+            t = shape.llm
+            lens = mb.language.seq_lens
+            flops = t.forward_flops(lens, layers=stop - start)
+            if last:
+                flops += sum(lens) * t.output_flops_per_token
+        else:
+            t = shape.encoders[stage.module]
+            sub = mb.sub_input(stage.module, stage.sub)
+            flops = t.forward_flops(sub.unit_lens, layers=stop - start)
+            if stage.chunk == 0:
+                flops += sub.num_tokens * t.input_flops_per_token
+            if last:
+                flops += sub.num_rows * t.output_flops_per_token
+        return flops * (2.0 if stage.kind is Kind.B else 1.0)
+
+    return duration
+
+
+def schedule_function(name: str, shape: ModelShape, memory: Memory = Memory.NONE):
+    """The runtime's schedule function for ``--pipeline-schedule name``."""
+    if name == "1f1b":
+        return lambda placement, structure, mbs: one_f_one_b(placement, structure, memory)
+    if name == "interleaved":
+        return lambda placement, structure, mbs: interleaved_one_f_one_b(
+            placement, structure, memory
+        )
+    if name == "dynamic":
+        return lambda placement, structure, mbs: greedy_dual_queue(
+            placement, structure, stage_flops(shape, placement, mbs), memory=memory
+        )
+    raise ValueError(f"unknown runtime schedule {name!r}; expected one of {RUNTIME_SCHEDULES}")

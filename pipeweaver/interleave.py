@@ -1,0 +1,166 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Greedy dual-queue stage interleaving: the dynamic pipeline's per-batch stage order.
+
+DIP's phase 2 (``shared/research/pipeweaver.md`` section 3.3), as a generator of the schedule
+IR: each rank keeps a forward queue and a backward queue of stages whose inputs are scheduled;
+the rank that can start something soonest goes next. When both a forward and a backward are
+ready as the rank frees up, it alternates with the kind it ran last (1F1B's rhythm); otherwise it
+runs whatever can start first, which keeps idle gaps small. A rank whose activations exceed its
+memory cap runs backwards only until memory drops. Stage durations come from a cost function
+(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the searcher
+of a later issue will supply priorities; the default prefers earlier microbatches).
+
+Pure Python: the result is a compute-only order lowered with :func:`pipeweaver.lowering.lower`,
+valid by construction (every stage is placed after its producers).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Sequence
+
+from pipeweaver.ir import (
+    Compute,
+    Kind,
+    Memory,
+    MicrobatchStructure,
+    Placement,
+    Schedule,
+    ScheduleError,
+    data_inputs,
+    stages,
+)
+from pipeweaver.lowering import lower
+
+_MODULE_ORDER = {"vision": 0, "audio": 1, "llm": 2}
+
+
+def default_priority(stage: Compute) -> tuple:
+    """Earlier microbatches first, encoders before the LLM, then sub and chunk (lower first)."""
+    return (stage.microbatch, _MODULE_ORDER[stage.module], stage.sub, stage.chunk)
+
+
+def greedy_dual_queue(
+    placement: Placement,
+    structure: MicrobatchStructure,
+    duration: Callable[[Compute], float],
+    *,
+    p2p_time: float = 0.0,
+    priority: Callable[[Compute], tuple] = default_priority,
+    memory: Memory = Memory.NONE,
+    memory_cap: float | Sequence[float] | None = None,
+    activation_bytes: Callable[[Compute], float] | None = None,
+) -> Schedule:
+    """Interleave every stage of every module on every rank; returns a lowered schedule.
+
+    Args:
+        placement: where each chunk lives (typically every module spread over all ranks).
+        structure: microbatches and encoder subs of the step.
+        duration: predicted time of a stage (F or B).
+        p2p_time: latency added when a stage's input comes from another rank.
+        priority: lower keys run first among stages ready at the same time.
+        memory: memory strategy of every stage.
+        memory_cap: activation bytes per rank (one for all or one per rank) above which a rank
+            runs only backwards; needs ``activation_bytes``.
+        activation_bytes: bytes a forward keeps until its backward.
+
+    A throttled rank with no backward ready runs a forward anyway: the cap is a preference
+    here, and the static checker enforces hard caps.
+
+    Raises:
+        ScheduleError: the data flow cannot be scheduled (a cycle).
+    """
+    P = placement.num_ranks
+    caps = None
+    if memory_cap is not None:
+        if activation_bytes is None:
+            raise ScheduleError("memory_cap needs activation_bytes")
+        caps = [memory_cap] * P if isinstance(memory_cap, (int, float)) else list(memory_cap)
+    all_stages = list(stages(placement, structure))
+    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in all_stages}
+    missing: dict[Compute, int] = {}
+    dependents: dict[Compute, list[Compute]] = {a: [] for a in all_stages}
+    for a in all_stages:
+        deps = [pr for pr, _ in data_inputs(a, placement, structure)]
+        if a.kind is Kind.B:
+            deps.append(a.partner())
+        missing[a] = len(deps)
+        for d in deps:
+            dependents[d].append(a)
+    ready_at: dict[Compute, float] = {}
+    end: dict[Compute, float] = {}
+    # Per rank and kind, a heap of (earliest start, priority, stage).
+    queues: list[dict[Kind, list]] = [{Kind.F: [], Kind.B: []} for _ in range(P)]
+    t_last = [0.0] * P
+    last_kind: list[Kind | None] = [None] * P
+    used = [0.0] * P
+    order: list[list[Compute]] = [[] for _ in range(P)]
+
+    def push(a: Compute, t: float) -> None:
+        ready_at[a] = t
+        heapq.heappush(queues[rank_of[a]][a.kind], (t, priority(a), a))
+
+    for a in all_stages:
+        if missing[a] == 0:
+            push(a, 0.0)
+
+    def best(r: int, kind: Kind, now: float):
+        """The highest-priority stage of a queue that can start at ``now``, else the earliest."""
+        q = queues[r][kind]
+        if not q:
+            return None
+        startable = [e for e in q if e[0] <= now]
+        if startable:
+            return min(startable, key=lambda e: (e[1], e[0]))
+        return q[0]
+
+    placed = 0
+    total = len(all_stages)
+    while placed < total:
+        # The rank that can start a stage soonest.
+        choice = None
+        for r in range(P):
+            throttled = caps is not None and used[r] > caps[r]
+            kinds = (Kind.B,) if throttled and queues[r][Kind.B] else (Kind.F, Kind.B)
+            candidates = [e for k in kinds if (e := best(r, k, t_last[r])) is not None]
+            if not candidates:
+                continue
+            start = max(t_last[r], min(e[0] for e in candidates))
+            if choice is None or start < choice[0]:
+                choice = (start, r, kinds)
+        if choice is None:
+            raise ScheduleError("greedy interleaving: no stage is ready; the data flow has a cycle")
+        start, r, kinds = choice
+        fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
+        bw = best(r, Kind.B, t_last[r]) if Kind.B in kinds else None
+        now = t_last[r]
+        if fw is not None and bw is not None and fw[0] <= now and bw[0] <= now:
+            entry = bw if last_kind[r] is Kind.F else fw
+        else:
+            entry = min((e for e in (fw, bw) if e is not None), key=lambda e: (e[0], e[1]))
+        a = entry[2]
+        queues[r][a.kind].remove(entry)
+        heapq.heapify(queues[r][a.kind])
+        begin = max(now, entry[0])
+        finish = begin + float(duration(a))
+        end[a] = finish
+        t_last[r] = finish
+        last_kind[r] = a.kind
+        order[r].append(a.with_memory(memory))
+        if activation_bytes is not None:
+            f = a if a.kind is Kind.F else a.partner()
+            b = float(activation_bytes(f.with_memory(memory)))
+            used[r] += b if a.kind is Kind.F else -b
+        placed += 1
+        for d in dependents[a]:
+            missing[d] -= 1
+            if missing[d] == 0:
+                t = 0.0
+                preds = [pr for pr, _ in data_inputs(d, placement, structure)]
+                if d.kind is Kind.B:
+                    preds.append(d.partner())
+                for pr in preds:
+                    hop = p2p_time if rank_of[pr] != rank_of[d] else 0.0
+                    t = max(t, end[pr] + hop)
+                push(d, t)
+    return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
