@@ -91,7 +91,10 @@ def _depends_on(stage: Compute, target: Compute, placement, structure, memo: dic
 
 
 def random_invalid_schedule(
-    placement: Placement, structure: MicrobatchStructure, rng: random.Random, mutation: str | None = None
+    placement: Placement,
+    structure: MicrobatchStructure,
+    rng: random.Random,
+    mutation: str | None = None,
 ) -> tuple[Schedule, str]:
     """A valid random schedule with one breaking mutation; returns it and the mutation's name.
 
@@ -123,7 +126,9 @@ def _mutate(kind: str, ranks: list[list[Action]], placement, structure, rng) -> 
         ranks[r].insert(rng.randrange(len(ranks[r]) + 1), a)
         return True
     if kind == "backward-first":
-        r, i, a = rng.choice([(r, i, a) for r, i, a in where if isinstance(a, Compute) and a.kind is Kind.B])
+        r, i, a = rng.choice(
+            [(r, i, a) for r, i, a in where if isinstance(a, Compute) and a.kind is Kind.B]
+        )
         ranks[r].insert(0, ranks[r].pop(i))
         return True
     if kind == "swap-sends":
@@ -132,7 +137,10 @@ def _mutate(kind: str, ranks: list[list[Action]], placement, structure, rng) -> 
             sends = [(i, a) for i, a in enumerate(acts) if isinstance(a, Comm) and a.is_send]
             for x in range(len(sends)):
                 for y in range(x + 1, len(sends)):
-                    if sends[x][1].peer == sends[y][1].peer and sends[x][1].edge != sends[y][1].edge:
+                    if (
+                        sends[x][1].peer == sends[y][1].peer
+                        and sends[x][1].edge != sends[y][1].edge
+                    ):
                         pairs.append((r, sends[x][0], sends[y][0]))
         if not pairs:
             return False
@@ -148,8 +156,10 @@ def _mutate(kind: str, ranks: list[list[Action]], placement, structure, rng) -> 
                 memo: dict = {}
                 for j in range(i + 1, len(acts)):
                     recv = acts[j]
-                    if isinstance(recv, Comm) and not recv.is_send and _depends_on(
-                        recv.tensor, send.tensor, placement, structure, memo
+                    if (
+                        isinstance(recv, Comm)
+                        and not recv.is_send
+                        and _depends_on(recv.tensor, send.tensor, placement, structure, memo)
                     ):
                         candidates.append((r, i, j))
                         break

@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
+from orchestration.model_shape import ModelShape
 from pipeweaver.ir import (
     Compute,
     Kind,
@@ -33,6 +34,33 @@ from pipeweaver.ir import (
 from pipeweaver.lowering import lower
 
 _MODULE_ORDER = {"vision": 0, "audio": 1, "llm": 2}
+
+Sequences = Callable[[Compute], tuple[Sequence[int], int]]
+"""A stage's independent sequence lengths (its sub's units, or its microbatch's packed
+samples) and the rows it projects (an encoder's last chunk; else 0)."""
+
+
+def flops_durations(shape: ModelShape, placement: Placement, sequences: Sequences):
+    """Stage durations in FLOPs: the chunk's layers over its sequences, plus the input layer on
+    chunk 0 and the head on the last chunk; a backward costs twice its forward.
+
+    The trainer and SEMU both order the dynamic pipeline with this, so SEMU simulates exactly
+    the order the trainer runs.
+    """
+
+    def duration(stage: Compute) -> float:
+        lens, rows = sequences(stage)
+        start, stop = placement.layer_range(stage.module, stage.chunk)
+        t = shape.llm if stage.module == "llm" else shape.encoders[stage.module]
+        flops = t.forward_flops(lens, layers=stop - start)
+        tokens = sum(lens)
+        if stage.module != "llm" and start == 0:
+            flops += tokens * t.input_flops_per_token
+        if stop == placement.num_layers(stage.module):
+            flops += (tokens if stage.module == "llm" else rows) * t.output_flops_per_token
+        return flops * (2.0 if stage.kind is Kind.B else 1.0)
+
+    return duration
 
 
 def default_priority(stage: Compute) -> tuple:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The main job: a small three-modality (vision + audio + text) pretrain on CPU with 2 gloo
 # ranks, on the embedded default workload (omni-three-modality, token counts scaled by 1/32).
-# Every OrchWeave feature that has landed is switched on here. Extra arguments are appended,
-# and later flags override earlier ones, e.g.:
+# Every OrchWeave feature that has landed is switched on here: batch post-balancing of every
+# phase across the DP ranks, and (once PP > 1) the dynamic interleaved pipeline. Extra
+# arguments are appended, and later flags override earlier ones, e.g.:
 #   scripts/pretrain_mllm_cpu.sh --pipeline-model-parallel-size 2 --train-iters 10
+#   scripts/pretrain_mllm_cpu.sh --post-balance none --pipeline-schedule megatron   # baseline
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$root/.venv/bin/python}"
@@ -40,4 +42,6 @@ exec "$python" -m torch.distributed.run --nproc-per-node "$nproc" --master-port 
   --attention-dropout 0 \
   --seed 1234 \
   --log-interval 5 \
+  --post-balance auto \
+  --pipeline-schedule dynamic \
   "$@"

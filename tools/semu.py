@@ -14,9 +14,11 @@ the config's seed, in Megatron's sampler order, packed per microbatch and padded
 batch x sequence length when PP > 1. Each DP replica gets its own microbatches and pipeline.
 
 Schedules (``--schedule``): ``megatron`` (default: the upstream baseline, i.e. ``none`` for
-PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleaved``, ``none``
-and ``dataflow`` (any placement; with ``--placement interleaved`` the encoders are spread over
-all ranks, DIP's layout).
+PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleaved``, ``none``,
+``dataflow`` (any placement; with ``--placement interleaved`` the encoders are spread over all
+ranks, DIP's layout) and ``dynamic`` (the trainer's ``--pipeline-schedule dynamic``: greedy
+dual-queue interleaving over the interleaved placement; use ``--pad none`` as the runtime
+does not pad).
 
 ``--json`` prints one JSON object::
 
@@ -56,6 +58,7 @@ from orchestration.workload import (  # noqa: E402
     read_jsonl,
 )
 from pipeweaver.checker import check  # noqa: E402
+from pipeweaver.interleave import flops_durations, greedy_dual_queue  # noqa: E402
 from pipeweaver.ir import Memory, Placement, ScheduleError  # noqa: E402
 from pipeweaver.schedules import generate  # noqa: E402
 from pipeweaver.semu import trace  # noqa: E402
@@ -144,7 +147,9 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
             if pp == 1
             else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
         )
-    placement_kind = args.placement or ("interleaved" if name == "dataflow" else "baseline")
+    placement_kind = args.placement or (
+        "interleaved" if name in ("dataflow", "dynamic") else "baseline"
+    )
     if placement_kind == "baseline":
         placement = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
     else:
@@ -156,6 +161,14 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
     cache: dict = {}
     for mbs in mbs_all:
         st = structure_of(mbs, encoders)
+        if name == "dynamic":  # the trainer's order: depends on the sequences, not the structure
+            sched = greedy_dual_queue(
+                placement, st, flops_durations(shape, placement, _sequences(mbs)), memory=memory
+            )
+            if not args.no_check:
+                check(sched)
+            schedules.append(sched)
+            continue
         if st not in cache:
             sched = generate(name, placement, st, memory=memory)
             if not args.no_check:
@@ -178,6 +191,19 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
     return schedules, mbs_all, info
 
 
+def _sequences(microbatches):
+    """Each stage's sequences and rows, for ``flops_durations``."""
+
+    def sequences(stage):
+        mb = microbatches[stage.microbatch]
+        if stage.module == "llm":
+            return mb.llm_seq_lens, 0
+        sub = mb.encoders[stage.module][stage.sub]
+        return sub.units, sub.rows
+
+    return sequences
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--model", required=True, help="model config (path or name)")
@@ -189,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--schedule",
         default="megatron",
-        choices=["megatron", "1f1b", "interleaved", "none", "dataflow"],
+        choices=["megatron", "1f1b", "interleaved", "none", "dataflow", "dynamic"],
         help="schedule generator (default: the upstream-Megatron baseline)",
     )
     parser.add_argument("--placement", choices=["baseline", "interleaved"], help="chunk layout")

@@ -10,7 +10,8 @@
 - :class:`PipelineMicrobatch` is a packed microbatch without padding (the runtime derives every
   shape from metadata) whose encoder units are split into sub-microbatches;
 - :func:`schedule_function` picks the step's order: Megatron's 1F1B or interleaved 1F1B in the
-  IR, or the dynamic greedy dual-queue interleaving with FLOPs-predicted stage durations.
+  IR, or the dynamic greedy dual-queue interleaving with FLOPs-predicted stage durations
+  (``pipeweaver.interleave.flops_durations``, which SEMU uses too).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from megatron.mllm.chunks import ChunkId, EncoderChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
 from orchestration.model_shape import ModelShape
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
-from pipeweaver.interleave import greedy_dual_queue
-from pipeweaver.ir import Compute, Kind, Memory, Placement
+from pipeweaver.interleave import flops_durations, greedy_dual_queue
+from pipeweaver.ir import Compute, Memory, Placement
 from pipeweaver.schedules import interleaved_one_f_one_b, one_f_one_b
 
 RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
@@ -124,9 +125,7 @@ class RuntimeModel(MegatronModule):
         last_llm = placement.num_chunks("llm") - 1
         self.pre_process = ("llm", 0) in self._stages
         self.post_process = ("llm", last_llm) in self._stages
-        self.holds_encoder_inputs = any(
-            (e, 0) in self._stages for e in placement.encoders
-        )
+        self.holds_encoder_inputs = any((e, 0) in self._stages for e in placement.encoders)
 
     def stage(self, module: str, chunk: int) -> ChunkStage:
         """The runtime's view of one chunk on this rank."""
@@ -254,34 +253,17 @@ def build_pipeline_microbatch(
     return PipelineMicrobatch(packed, subs, sizes)
 
 
-def stage_flops(shape: ModelShape, placement: Placement, microbatches: Sequence[PipelineMicrobatch]):
-    """Predicted duration of every stage, in forward+backward-weighted FLOPs.
+def stage_sequences(microbatches: Sequence[PipelineMicrobatch]):
+    """For :func:`pipeweaver.interleave.flops_durations`: each stage's sequences and rows."""
 
-    A forward costs its layers over its sequences (units of the sub, or the microbatch's
-    samples) plus the input layer or head where the chunk has them; a backward twice that.
-    """
-
-    def duration(stage: Compute) -> float:
+    def sequences(stage: Compute) -> tuple[Sequence[int], int]:
         mb = microbatches[stage.microbatch]
-        start, stop = placement.layer_range(stage.module, stage.chunk)
-        last = stage.chunk == placement.num_chunks(stage.module) - 1
         if stage.module == "llm":
-            t = shape.llm
-            lens = mb.language.seq_lens
-            flops = t.forward_flops(lens, layers=stop - start)
-            if last:
-                flops += sum(lens) * t.output_flops_per_token
-        else:
-            t = shape.encoders[stage.module]
-            sub = mb.sub_input(stage.module, stage.sub)
-            flops = t.forward_flops(sub.unit_lens, layers=stop - start)
-            if stage.chunk == 0:
-                flops += sub.num_tokens * t.input_flops_per_token
-            if last:
-                flops += sub.num_rows * t.output_flops_per_token
-        return flops * (2.0 if stage.kind is Kind.B else 1.0)
+            return mb.language.seq_lens, 0
+        sub = mb.sub_input(stage.module, stage.sub)
+        return sub.unit_lens, sub.num_rows
 
-    return duration
+    return sequences
 
 
 def schedule_function(name: str, shape: ModelShape, memory: Memory = Memory.NONE):
@@ -294,6 +276,9 @@ def schedule_function(name: str, shape: ModelShape, memory: Memory = Memory.NONE
         )
     if name == "dynamic":
         return lambda placement, structure, mbs: greedy_dual_queue(
-            placement, structure, stage_flops(shape, placement, mbs), memory=memory
+            placement,
+            structure,
+            flops_durations(shape, placement, stage_sequences(mbs)),
+            memory=memory,
         )
     raise ValueError(f"unknown runtime schedule {name!r}; expected one of {RUNTIME_SCHEDULES}")

@@ -60,10 +60,10 @@ from megatron.mllm.pipeline import (  # noqa: E402
     runtime_placement,
     schedule_function,
 )
+from orchestration.calibration import Calibration  # noqa: E402
 from pipeweaver.ir import Memory  # noqa: E402
 from pipeweaver.runtime.executor import PipelineRuntime  # noqa: E402
 from pipeweaver.runtime.p2p import PipelineP2P  # noqa: E402
-from orchestration.calibration import Calibration  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,9 @@ class Trainer:
         )
 
         self.runtime = None
-        if args.pipeline_schedule == "megatron":
+        # Without pipeline parallelism there is no pipeline to schedule.
+        self.use_runtime = args.pipeline_schedule != "megatron" and self.pp_size > 1
+        if not self.use_runtime:
             chunks = baseline_stage_chunks(self.mllm, self.pp_rank, self.pp_size)
             self.model = PipelineStageModel(self.mllm, chunks, self.pg_collection)
         else:
@@ -229,7 +231,7 @@ class Trainer:
         config.no_sync_func = self.ddp_model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
         config.grad_scale_func = self.optimizer.scale_loss
-        if args.pipeline_schedule == "megatron":
+        if not self.use_runtime:
             self.forward_backward_func = get_forward_backward_func(
                 pp_size=self.pp_size, vp_size=None
             )
@@ -276,9 +278,7 @@ class Trainer:
     def layout(self) -> dict[str, Any]:
         """The parallel layout and chunk placement, as stored in checkpoints."""
         chunks = [
-            f"{m}{c}:{a}-{b}"
-            for m, c in self.model_chunks()
-            for a, b in [self._layer_range(m, c)]
+            f"{m}{c}:{a}-{b}" for m, c in self.model_chunks() for a, b in [self._layer_range(m, c)]
         ]
         return {
             "tp": self.args.tensor_model_parallel_size,
@@ -552,6 +552,11 @@ class Trainer:
             )
         logger.debug("rank %d wrote %s", dist.get_rank(), path)
 
+    def _placement_text(self) -> str:
+        return ", ".join(
+            f"{m} {self.placement.num_chunks(m)} chunks" for m in self.placement.modules
+        )
+
     def _print_setup(self) -> None:
         args = self.args
         params = sum(p.numel() for p in self.model.parameters())
@@ -567,13 +572,21 @@ class Trainer:
         if args.node_wise_a2a and self.balancer is not None:
             balance += f", node-wise all-to-all ({args.gpus_per_node} ranks per node)"
         schedule = self.forward_backward_func.__name__
+        if self.runtime is not None:
+            schedule = f"{args.pipeline_schedule} (OrchWeave runtime, {self._placement_text()})"
         if self.balancer is not None and self.pp_size == 1:
             schedule = "orchestrated two-hop (encoders, then LLM microbatches)"
+        if self.runtime is None:
+            layout = (
+                f"encoders on stage 0 ({encs}) | LLM {args.num_layers} layers x "
+                f"{args.hidden_size}, {args.num_layers // self.pp_size} per stage"
+            )
+        else:
+            layout = f"encoders: {encs} | LLM {args.num_layers} layers x {args.hidden_size}"
         print(
             f"> OrchWeave: TP={args.tensor_model_parallel_size} PP={self.pp_size} "
-            f"DP={self.dp_size} | {balance} | schedule: {schedule} | "
-            f"encoders on stage 0 ({encs}) | LLM {args.num_layers} layers x {args.hidden_size}, "
-            f"{args.num_layers // self.pp_size} per stage | {self.num_microbatches} microbatches "
+            f"DP={self.dp_size} | {balance} | schedule: {schedule} | {layout} | "
+            f"{self.num_microbatches} microbatches "
             f"of {args.micro_batch_size} samples per rank | workload {args.workload} "
             f"(token scale {args.workload_token_scale}) | parameters on rank 0: {params}",
             flush=True,

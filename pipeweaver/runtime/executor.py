@@ -159,10 +159,7 @@ class PipelineRuntime:
         microbatches = [next(iterator) for _ in range(num_microbatches)]
         structure = MicrobatchStructure(
             num_microbatches,
-            {
-                e: tuple(mb.num_subs(e) for mb in microbatches)
-                for e in self.placement.encoders
-            },
+            {e: tuple(mb.num_subs(e) for mb in microbatches) for e in self.placement.encoders},
         )
         schedule = self.schedule_fn(self.placement, structure, microbatches)
         # Never execute an invalid schedule: the checker names the first offending action.
@@ -318,7 +315,9 @@ class _Step:
 
     def _forward(self, a: Compute) -> None:
         if a.memory is Memory.OFFLOAD:
-            raise ScheduleError("the runtime does not support offloading yet", self.rt.rank, None, a)
+            raise ScheduleError(
+                "the runtime does not support offloading yet", self.rt.rank, None, a
+            )
         producers = data_inputs(a, self.placement, self.structure)
         inputs = [self._take((p.key, None), activation=True) for p, _ in producers] or [None]
         loss_stage = self._is_loss_stage(a)
@@ -346,7 +345,9 @@ class _Step:
         if out is None:  # recompute: rerun the forward with autograd on the saved inputs
             output, _ = self._run_forward(a, inputs, [])
             out = output[0]
-            deallocate_output_tensor(out, self.config.deallocate_pipeline_outputs and not self._is_loss_stage(a))
+            deallocate_output_tensor(
+                out, self.config.deallocate_pipeline_outputs and not self._is_loss_stage(a)
+            )
         grad = None
         if not self._is_loss_stage(a):
             last = a.chunk == self.placement.num_chunks(a.module) - 1

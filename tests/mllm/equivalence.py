@@ -88,7 +88,9 @@ def merge(data: list[dict], tp: int = 1) -> tuple[dict, dict, torch.Tensor]:
                 shards = [d[key][name] for d in group]
                 full = shards[0]
                 if name in FULL_SHAPES and full.shape != FULL_SHAPES[name]:
-                    dim = next(i for i in range(full.dim()) if full.shape[i] != FULL_SHAPES[name][i])
+                    dim = next(
+                        i for i in range(full.dim()) if full.shape[i] != FULL_SHAPES[name][i]
+                    )
                     full = torch.cat(shards, dim)
                 if key == "grads" and name in merged:  # replicated over DP: replicas agree
                     torch.testing.assert_close(full, merged[name], rtol=1e-6, atol=0)

@@ -56,7 +56,9 @@ def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
     else:
         raise AssertionError("an invalid schedule was executed")
     assert not calls, "a stage ran before the schedule was rejected"
-    print(f"rank {dist.get_rank()}: fuzzed {count} schedules, worst deviation {worst:.2e}", flush=True)
+    print(
+        f"rank {dist.get_rank()}: fuzzed {count} schedules, worst deviation {worst:.2e}", flush=True
+    )
 
 
 def die(stage: int, microbatch: int, flags: list[str]) -> None:

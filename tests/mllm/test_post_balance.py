@@ -13,8 +13,10 @@ from launch import REPO, free_port, torchrun
 
 pytestmark = pytest.mark.multiproc
 
+
 @pytest.mark.parametrize(
-    "run", ["dp2-balanced", "dp4-kk-node-wise", "dp2-pp2-whole-samples", "dp2-pp2-whole-samples-dynamic"]
+    "run",
+    ["dp2-balanced", "dp4-kk-node-wise", "dp2-pp2-whole-samples", "dp2-pp2-whole-samples-dynamic"],
 )
 def test_balanced_runs_learn_what_one_process_learns(run, world2, world4, reference):
     assert_equivalent({**world2, **world4}[run], reference)

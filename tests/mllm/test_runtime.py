@@ -32,7 +32,14 @@ def test_microbatches_with_0_1_and_many_images_with_and_without_audio(world2, re
 
 
 def test_200_fuzzed_schedules_run_and_learn_what_one_process_learns(tmp_path, reference):
-    flags = [*TINY, *DYNAMIC, "--encoder-sub-microbatch-tokens", "40", "--llm-chunks-per-stage", "2"]
+    flags = [
+        *TINY,
+        *DYNAMIC,
+        "--encoder-sub-microbatch-tokens",
+        "40",
+        "--llm-chunks-per-stage",
+        "2",
+    ]
     proc = check(torchrun(2, WORKER, ["fuzz", str(tmp_path), "200", *flags], timeout=600))
     assert proc.stdout.count("fuzzed 200 schedules") == 2
     assert proc.stdout.count("rejected: rank ") == 2

@@ -51,18 +51,25 @@ def test_dp2_run_learns_and_logs_like_megatron(dp2_run):
         "DP imbalance max/mean: vision",
     ):
         assert field in lines[-1], f"{field!r} missing from {lines[-1]}"
-    # Two DP ranks load different samples: some phase is imbalanced in some iteration.
+    # Two DP ranks load different samples: some phase is imbalanced in some iteration, and the
+    # main job's post-balancing lowers the worst of them.
     assert max(max(m["imbalance"].values()) for m in metrics) > 1.05
-    assert "DP=2" in proc.stdout and "forward_backward_no_pipelining" in proc.stdout
+    before = sum(max(m["imbalance"].values()) for m in metrics)
+    after = sum(max(m["imbalance_balanced"].values()) for m in metrics)
+    assert after < before, (before, after)
+    assert "DP=2" in proc.stdout and "post-balance: auto" in proc.stdout
+    assert "bytes moved per iteration" in lines[-1]
 
 
-def test_pp2_run_learns(tmp_path):
-    proc = check(
-        main_job(
-            2, ["--pipeline-model-parallel-size", "2", "--metrics-jsonl", str(tmp_path / "m.jsonl")]
-        )
-    )
-    assert "forward_backward_pipelining_without_interleaving" in proc.stdout
+@pytest.mark.parametrize(
+    "schedule,marker",
+    [("megatron", "forward_backward_pipelining_without_interleaving"), ("dynamic", "dynamic")],
+)
+def test_pp2_runs_learn(tmp_path, schedule, marker):
+    flags = ["--post-balance", "none", "--pipeline-schedule", schedule,
+             "--pipeline-model-parallel-size", "2", "--metrics-jsonl", str(tmp_path / "m.jsonl")]  # fmt: skip
+    proc = check(main_job(2, flags))
+    assert f"schedule: {marker}" in proc.stdout, proc.stdout[-2000:]
     _loss_falls(read_metrics(tmp_path / "m.jsonl"))
 
 

@@ -150,6 +150,11 @@ def timing_run(run: Run, iters: int, workdir: Path) -> list[dict]:
     cmd = [
         "bash",
         str(REPO / "scripts" / "pretrain_mllm_cpu.sh"),
+        # The upstream-Megatron baseline: the main job switches OrchWeave's features on.
+        "--post-balance",
+        "none",
+        "--pipeline-schedule",
+        "megatron",
         "--pipeline-model-parallel-size",
         str(run.pp),
         "--workload",
