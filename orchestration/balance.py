@@ -241,8 +241,13 @@ class BalanceResult:
         """Max over mean of the ordinary loads."""
         if self.ordinary_loads is None:
             return None
-        mean = float(self.ordinary_loads.mean())
-        return float(self.ordinary_loads.max()) / mean if mean > 0 else 1.0
+        return max_over_mean(self.ordinary_loads)
+
+
+def max_over_mean(loads: np.ndarray) -> float:
+    """Imbalance of per-rank loads: max over mean (1.0 is perfect; all-zero loads give 1.0)."""
+    mean = float(loads.mean()) if loads.size else 0.0
+    return float(loads.max()) / mean if mean > 0 else 1.0
 
 
 # --------------------------------------------------------------------------------------------

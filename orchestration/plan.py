@@ -100,6 +100,7 @@ from orchestration.balance import (
     WorkBudget,
     balance,
     balance_padded,
+    max_over_mean,
 )
 from orchestration.cost_model import CostModel, PhaseCostModel, unit_output_tokens
 from orchestration.locality import map_bins_to_ranks
@@ -609,22 +610,17 @@ class PhasePlan:
     @property
     def imbalance_before(self) -> float:
         """Max over mean load without balancing."""
-        return _max_over_mean(self.loads_before)
+        return max_over_mean(self.loads_before)
 
     @property
     def imbalance_after(self) -> float:
         """Max over mean load with the plan."""
-        return _max_over_mean(self.loads_after)
+        return max_over_mean(self.loads_after)
 
     @property
     def moved_fraction(self) -> float:
         """Fraction of items that change rank."""
         return self.dispatch.moved_items / self.items.size if self.items.size else 0.0
-
-
-def _max_over_mean(loads: np.ndarray) -> float:
-    mean = float(loads.mean()) if loads.size else 0.0
-    return float(loads.max()) / mean if mean > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -899,12 +895,12 @@ class SamplePlan:
     @property
     def imbalance_before(self) -> float:
         """Max over mean group load without balancing."""
-        return _max_over_mean(self.loads_before)
+        return max_over_mean(self.loads_before)
 
     @property
     def imbalance_after(self) -> float:
         """Max over mean group load with the plan."""
-        return _max_over_mean(self.loads_after)
+        return max_over_mean(self.loads_after)
 
     def phase_loads(self, phase: str, after: bool = True) -> np.ndarray:
         """(G,) the summed cost of one phase per group, with the plan or without."""

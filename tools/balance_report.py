@@ -80,7 +80,7 @@ if _REPO_ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from orchestration.balance import InfeasibleCapError, balance  # noqa: E402
+from orchestration.balance import InfeasibleCapError, balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
@@ -264,11 +264,6 @@ def _cpu_ms(fn):
     return out, 1000.0 * (time.process_time() - t)
 
 
-def _mom(loads: np.ndarray) -> float:
-    mean = float(loads.mean()) if loads.size else 0.0
-    return float(loads.max()) / mean if mean > 0 else 1.0
-
-
 def _ratio(max_load: float, bound: float) -> float:
     if bound > 0:
         return max_load / bound
@@ -343,8 +338,8 @@ def evaluate(
             if alg not in ("none", "sample-lpt") and (best_max is None or after.max() < best_max):
                 best_max, incumbent = after.max(), dst
             rows[alg] = {
-                "max_over_mean_before": _mom(before),
-                "max_over_mean_after": _mom(after),
+                "max_over_mean_before": max_over_mean(before),
+                "max_over_mean_after": max_over_mean(after),
                 "max_load": float(after.max()) if after.size else 0.0,
                 "plan_ms": ms,
                 "moved_fraction": (

@@ -126,7 +126,9 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
     seq = spec.training.seq_length
     pad = args.pad == "megatron" and pp > 1
     replicas = dp if args.replicas is None else max(1, min(args.replicas, dp))
-    items_per_sub = {k: int(v) for k, v in _kv(args.sub_items or "", "--sub-items").items()}
+    sub_tokens = args.encoder_sub_microbatch_tokens
+    if sub_tokens is None:
+        sub_tokens = int(spec.flags.get("encoder_sub_microbatch_tokens", 0) or 0)
     shape = spec.shape
     mbs_all = step_microbatches(
         sample_of,
@@ -137,7 +139,7 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
         encoders,
         pad_to=seq * spec.training.micro_batch_size if pad else None,
         max_pad_run=seq,
-        items_per_sub=items_per_sub,
+        sub_tokens=sub_tokens,
         flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
     )[:replicas]
     name = args.schedule
@@ -220,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--placement", choices=["baseline", "interleaved"], help="chunk layout")
     parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
-    parser.add_argument("--sub-items", help="items per sub-microbatch, e.g. vision=4,audio=2")
+    parser.add_argument(
+        "--encoder-sub-microbatch-tokens",
+        type=int,
+        help="encoder tokens per sub-microbatch, as the trainer's flag (default: the model "
+        "config's, else one sub per encoder and microbatch)",
+    )
     parser.add_argument("--memory", choices=["none", "recompute", "offload"], help="every stage")
     parser.add_argument(
         "--pad",

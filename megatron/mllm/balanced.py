@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.mllm.batch import PackedMicrobatch, SamplePayload, build_microbatch
+from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.plan import (
@@ -78,8 +79,11 @@ class BalanceStats:
 def sample_from_table(md: GatheredMetadata, s: int, sample_id: str) -> SampleMeta:
     """Rebuild the metadata of global sample ``s`` from the gathered table."""
     items: dict[str, list[Item]] = {m: [] for m in MODALITIES}
-    for i in np.flatnonzero(md.item_sample == s).tolist():
-        units = tuple(int(u) for u in md.unit_tokens[md.unit_item == i])
+    # Items are sorted by sample and units by item (canonical order): slice, don't scan.
+    lo, hi = np.searchsorted(md.item_sample, [s, s + 1])
+    for i in range(int(lo), int(hi)):
+        a, b = np.searchsorted(md.unit_item, [i, i + 1])
+        units = tuple(int(u) for u in md.unit_tokens[a:b])
         items[MODALITIES[int(md.item_modality[i])]].append(Item(units, int(md.item_llm[i])))
     return SampleMeta(sample_id, int(md.sample_text[s]), **{m: tuple(v) for m, v in items.items()})
 
@@ -344,15 +348,10 @@ class PostBalancer:
         for phase in plan.phase_costs:
             before = plan.phase_loads(phase, after=False)
             after = plan.phase_loads(phase, after=True)
-            stats.imbalance_before[phase] = _max_over_mean(before)
-            stats.imbalance_after[phase] = _max_over_mean(after)
+            stats.imbalance_before[phase] = max_over_mean(before)
+            stats.imbalance_after[phase] = max_over_mean(after)
         stats.bytes_moved = self.dispatcher.bytes_moved
         return microbatches, stats
-
-
-def _max_over_mean(loads: np.ndarray) -> float:
-    mean = float(np.mean(loads)) if len(loads) else 0.0
-    return float(np.max(loads)) / mean if mean > 0 else 1.0
 
 
 def _unit_batch(lens: list[int], device):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from megatron.core.packed_seq_params import PackedSeqParams
+from orchestration.packing import padding_runs
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
 
 PLACEHOLDER_TOKEN = 0
@@ -194,19 +195,6 @@ def pooling_pairs(encoder_tokens: int, llm_tokens: int) -> tuple[np.ndarray, np.
     rows = np.repeat(r, counts)
     offsets = np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
     return rows, lo[rows] + offsets
-
-
-def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:
-    """Lengths of the padding sequences that fill a packed microbatch up to ``pad_to`` tokens.
-
-    Padding is split into runs of at most ``max_run`` tokens (the sequence length) so that its
-    positions stay inside the position embedding and its attention costs what padding each
-    sample to the sequence length would cost, no more.
-    """
-    if pad_to is None or packed >= pad_to:
-        return []
-    pad = pad_to - packed
-    return [max_run] * (pad // max_run) + ([pad % max_run] if pad % max_run else [])
 
 
 def build_microbatch(

@@ -154,24 +154,6 @@ class SampleSource:
         return self._generator.sample(index)
 
 
-def microbatch_indices(
-    iteration: int, dp_rank: int, dp_size: int, micro_batch_size: int, num_microbatches: int
-) -> list[list[int]]:
-    """Stream indices of one DP rank's microbatches at ``iteration``, in Megatron's order.
-
-    Megatron's pretraining sampler walks the stream in chunks of ``micro_batch_size * dp_size``
-    samples and gives DP rank ``r`` the ``r``-th slice of ``micro_batch_size`` of each chunk;
-    ``num_microbatches`` such chunks make one global batch.
-    """
-    global_batch = micro_batch_size * dp_size * num_microbatches
-    base = iteration * global_batch
-    out = []
-    for m in range(num_microbatches):
-        start = base + m * micro_batch_size * dp_size + dp_rank * micro_batch_size
-        out.append(list(range(start, start + micro_batch_size)))
-    return out
-
-
 def check_fits(metas: Sequence[tuple[int, SampleMeta]], seq_length: int, dp_rank: int) -> None:
     """Raise :class:`SequenceTooLongError` naming the first sample longer than ``seq_length``."""
     for index, meta in metas:

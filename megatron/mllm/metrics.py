@@ -14,8 +14,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from megatron.mllm.batch import padding_runs
+from orchestration.balance import max_over_mean
 from orchestration.model_shape import ModelShape
+from orchestration.packing import padding_runs
 from orchestration.workload import PHASES, SampleMeta
 
 
@@ -44,12 +45,10 @@ def phase_costs(
 
 def imbalance(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     """Max over mean of each phase's cost across ranks (1.0 is perfect; 0-cost phases give 1)."""
-    out = {}
-    for phase in per_rank[0]:
-        values = np.array([r[phase] for r in per_rank], dtype=np.float64)
-        mean = values.mean()
-        out[phase] = float(values.max() / mean) if mean > 0 else 1.0
-    return out
+    return {
+        phase: max_over_mean(np.array([r[phase] for r in per_rank], dtype=np.float64))
+        for phase in per_rank[0]
+    }
 
 
 @dataclass

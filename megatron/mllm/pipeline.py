@@ -36,6 +36,7 @@ from megatron.mllm.batch import (
 from megatron.mllm.chunks import ChunkId, EncoderChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
 from orchestration.model_shape import ModelShape
+from orchestration.packing import sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, Placement
@@ -215,23 +216,6 @@ def _encoder_items(samples: Sequence[tuple[SampleMeta, SamplePayload]], encoder:
             for item in meta.items(m):
                 out.append((len(item.units), item.encoder_tokens, item.llm_tokens))
     return out
-
-
-def sub_microbatch_groups(items: Sequence[tuple[int, int, int]], max_tokens: int | None):
-    """Group consecutive items into subs of at most ``max_tokens`` encoder tokens (at least one
-    item each); None keeps all of a microbatch's items in one sub."""
-    if not items:
-        return []
-    if not max_tokens:
-        return [(0, len(items))]
-    groups, start, tokens = [], 0, 0
-    for i, (_, n, _) in enumerate(items):
-        if i > start and tokens + n > max_tokens:
-            groups.append((start, i))
-            start, tokens = i, 0
-        tokens += n
-    groups.append((start, len(items)))
-    return groups
 
 
 def build_pipeline_microbatch(

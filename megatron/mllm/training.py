@@ -39,12 +39,7 @@ from megatron.mllm import checkpointing  # noqa: E402
 from megatron.mllm.balanced import PostBalancer  # noqa: E402
 from megatron.mllm.batch import PackedMicrobatch, build_microbatch  # noqa: E402
 from megatron.mllm.config import mllm_config_from_args  # noqa: E402
-from megatron.mllm.data import (  # noqa: E402
-    SampleSource,
-    SyntheticTask,
-    check_fits,
-    microbatch_indices,
-)
+from megatron.mllm.data import SampleSource, SyntheticTask, check_fits  # noqa: E402
 from megatron.mllm.metrics import (  # noqa: E402
     IntervalStats,
     batch_tokens,
@@ -61,6 +56,7 @@ from megatron.mllm.pipeline import (  # noqa: E402
     schedule_function,
 )
 from orchestration.calibration import Calibration  # noqa: E402
+from orchestration.packing import microbatch_indices  # noqa: E402
 from pipeweaver.ir import Memory  # noqa: E402
 from pipeweaver.runtime.executor import PipelineRuntime  # noqa: E402
 from pipeweaver.runtime.p2p import PipelineP2P  # noqa: E402

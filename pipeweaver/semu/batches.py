@@ -3,9 +3,9 @@
 
 A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows
 they produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
-:class:`~orchestration.workload.SampleMeta` alone, mirroring ``megatron.mllm.batch``
-(``build_microbatch``, ``padding_runs``) and ``megatron.mllm.data.microbatch_indices``, which
-pipeweaver may not import (tests check that both sides agree).
+:class:`~orchestration.workload.SampleMeta` alone, mirroring ``megatron.mllm.batch.build_microbatch``
+(which pipeweaver may not import; tests check that both sides agree) and sharing
+:mod:`orchestration.packing` with the trainer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
 from pipeweaver.ir import MicrobatchStructure
 
@@ -55,33 +56,12 @@ class MicrobatchMeta:
         return len(self.encoders.get(encoder, ()))
 
 
-def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:
-    """Padding sequences filling ``packed`` tokens up to ``pad_to`` (as the trainer pads)."""
-    if pad_to is None or packed >= pad_to:
-        return []
-    pad = pad_to - packed
-    return [max_run] * (pad // max_run) + ([pad % max_run] if pad % max_run else [])
-
-
-def megatron_microbatch_indices(
-    iteration: int, dp_rank: int, dp_size: int, micro_batch_size: int, num_microbatches: int
-) -> list[list[int]]:
-    """Stream indices of one DP rank's microbatches, in Megatron's sampler order."""
-    global_batch = micro_batch_size * dp_size * num_microbatches
-    base = iteration * global_batch
-    out = []
-    for m in range(num_microbatches):
-        start = base + m * micro_batch_size * dp_size + dp_rank * micro_batch_size
-        out.append(list(range(start, start + micro_batch_size)))
-    return out
-
-
 def pack_microbatch(
     samples: Sequence[SampleMeta],
     encoders: Sequence[str],
     pad_to: int | None = None,
     max_pad_run: int | None = None,
-    items_per_sub: Mapping[str, int] | None = None,
+    sub_tokens: int | None = None,
     flops_of: Callable[[SampleMeta], float] | None = None,
 ) -> MicrobatchMeta:
     """The shapes of a microbatch of ``samples``, packed as the trainer packs them.
@@ -92,14 +72,13 @@ def pack_microbatch(
             place for them; the trainer rejects them).
         pad_to: pad the LLM sequence to this many tokens (PP > 1 baseline).
         max_pad_run: longest padding run (the sequence length).
-        items_per_sub: per encoder, items per sub-microbatch (0 or absent: one sub). Items
-            stay whole: an item's units pool together into its LLM rows.
+        sub_tokens: encoder tokens per sub-microbatch, the trainer's
+            ``--encoder-sub-microbatch-tokens`` (None or 0: one sub per encoder).
         flops_of: model FLOPs of a sample (for MFU), e.g. ``ModelShape.sample_phase_flops``.
     """
     lens = [s.llm_tokens for s in samples]
     real = sum(lens)
     lens += padding_runs(real, pad_to, max_pad_run or pad_to or 1)
-    per_sub = items_per_sub or {}
     enc_out = {}
     for enc in encoders:
         items = [
@@ -111,16 +90,16 @@ def pack_microbatch(
         ]
         if not items:
             continue
-        size = per_sub.get(enc) or len(items)
-        subs = []
-        for lo in range(0, len(items), size):
-            group = items[lo : lo + size]
-            subs.append(
-                SubBatch(
-                    tuple(u for it in group for u in it.units), sum(it.llm_tokens for it in group)
-                )
+        groups = sub_microbatch_groups(
+            [(len(it.units), it.encoder_tokens, it.llm_tokens) for it in items], sub_tokens
+        )
+        enc_out[enc] = tuple(
+            SubBatch(
+                tuple(u for it in items[lo:hi] for u in it.units),
+                sum(it.llm_tokens for it in items[lo:hi]),
             )
-        enc_out[enc] = tuple(subs)
+            for lo, hi in groups
+        )
     flops = sum(flops_of(s) for s in samples) if flops_of is not None else 0.0
     return MicrobatchMeta(tuple(lens), real, enc_out, flops, len(samples))
 
@@ -143,7 +122,7 @@ def step_microbatches(
     encoders: Sequence[str],
     pad_to: int | None = None,
     max_pad_run: int | None = None,
-    items_per_sub: Mapping[str, int] | None = None,
+    sub_tokens: int | None = None,
     flops_of: Callable[[SampleMeta], float] | None = None,
 ) -> list[list[MicrobatchMeta]]:
     """Every DP rank's microbatches of one iteration, as the trainer forms them.
@@ -156,18 +135,11 @@ def step_microbatches(
     """
     out = []
     for d in range(data_parallel):
-        idx = megatron_microbatch_indices(
-            iteration, d, data_parallel, micro_batch_size, num_microbatches
-        )
+        idx = microbatch_indices(iteration, d, data_parallel, micro_batch_size, num_microbatches)
         out.append(
             [
                 pack_microbatch(
-                    [sample_of(k) for k in mb],
-                    encoders,
-                    pad_to,
-                    max_pad_run,
-                    items_per_sub,
-                    flops_of,
+                    [sample_of(k) for k in mb], encoders, pad_to, max_pad_run, sub_tokens, flops_of
                 )
                 for mb in idx
             ]

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron.mllm.batch import build_microbatch, padding_runs, pooling_pairs, sample_layout
-from megatron.mllm.data import SampleSource, SyntheticTask, microbatch_indices
+from megatron.mllm.batch import build_microbatch, pooling_pairs, sample_layout
+from megatron.mllm.data import SampleSource, SyntheticTask
+from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
 from orchestration.workload import Item, SampleMeta, WorkloadError
 
 TASK = SyntheticTask(vocab_size=200, num_classes=5, input_dims={"vision": 6, "audio": 3}, seed=7)
@@ -176,3 +179,59 @@ def test_jsonl_source_cycles_and_reports_malformed_lines(tmp_path):
         SampleSource(str(bad))
     with pytest.raises(WorkloadError, match="workload file not found"):
         SampleSource(str(tmp_path / "missing.jsonl"))
+
+
+def test_gathered_metadata_rebuilds_every_sample():
+    from megatron.mllm.balanced import sample_from_table
+    from orchestration.plan import GatheredMetadata
+    from orchestration.workload import WorkloadGenerator, WorkloadSpec
+
+    gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=3, token_scale=0.03125)
+    ranks = [[(k, gen.sample(k)) for k in range(r * 7, r * 7 + 7)] for r in range(3)]
+    md = GatheredMetadata.from_rank_samples(ranks)
+    flat = [meta for rank in ranks for _, meta in rank]
+    for s, meta in enumerate(flat):
+        rebuilt = sample_from_table(md, s, meta.sample_id)
+        assert rebuilt == SampleMeta(
+            meta.sample_id, meta.text_tokens, meta.image, meta.audio, meta.video
+        )
+
+
+@given(st.lists(samples, min_size=1, max_size=4), st.sampled_from([None, 1, 6, 15, 40]))
+@settings(max_examples=40, deadline=None)
+def test_semu_sees_the_subs_the_runtime_builds(metas, sub_tokens):
+    """SEMU's microbatch metadata has the trainer's sub-microbatches: units and LLM rows."""
+    from types import SimpleNamespace
+
+    from megatron.mllm.pipeline import build_pipeline_microbatch
+    from pipeweaver.semu.batches import pack_microbatch
+
+    metas = [dataclasses.replace(m, sample_id=f"s{i}") for i, m in enumerate(metas)]
+    encoders = {"vision": SimpleNamespace(hidden_size=8), "audio": SimpleNamespace(hidden_size=8)}
+    mllm = SimpleNamespace(encoders=encoders, language=SimpleNamespace(hidden_size=8))
+    pairs = [(m, TASK.payload(m, i, with_features=False)) for i, m in enumerate(metas)]
+    trainer = build_pipeline_microbatch(pairs, mllm, "cpu", False, sub_tokens)
+    semu = pack_microbatch(metas, list(encoders), sub_tokens=sub_tokens)
+    for enc in encoders:
+        assert semu.num_subs(enc) == trainer.num_subs(enc)
+        for s, sub in enumerate(semu.encoders.get(enc, ())):
+            got = trainer.sub_input(enc, s)
+            assert list(sub.units) == list(got.unit_lens) and sub.rows == got.num_rows
+    assert list(semu.llm_seq_lens) == [m.llm_tokens for m in metas]
+
+
+@given(st.lists(st.integers(1, 50), max_size=12), st.sampled_from([None, 0, 1, 20, 64, 1000]))
+def test_sub_microbatch_groups_keep_items_whole_and_under_the_cap(tokens, cap):
+    groups = sub_microbatch_groups([(1, n, 1) for n in tokens], cap)
+    # Consecutive, covering every item once, in order.
+    assert [i for lo, hi in groups for i in range(lo, hi)] == list(range(len(tokens)))
+    assert all(hi > lo for lo, hi in groups)
+    if not cap:
+        assert len(groups) == (1 if tokens else 0)
+        return
+    for k, (lo, hi) in enumerate(groups):
+        size = sum(tokens[lo:hi])
+        # Over the cap only as a single item; and greedy: the next item would not have fit.
+        assert size <= cap or hi - lo == 1
+        if k + 1 < len(groups):
+            assert size + tokens[hi] > cap

@@ -16,12 +16,7 @@ from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadGenerator, WorkloadSpec
 from pipeweaver.ir import Placement
 from pipeweaver.schedules import generate
-from pipeweaver.semu.batches import (
-    megatron_microbatch_indices,
-    padding_runs,
-    step_microbatches,
-    structure_of,
-)
+from pipeweaver.semu.batches import step_microbatches, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
 from pipeweaver.semu.model import ModelCosts, flags_to_argv, load_model_config, model_from_flags
 from pipeweaver.semu.simulator import Semu
@@ -56,25 +51,6 @@ def test_shape_matches_the_trainers_own(extra, world):
     strip = lambda s: dataclasses.replace(s, **_EXTENSIONS)  # noqa: E731
     assert strip(mine.llm) == strip(theirs.llm)
     assert {k: strip(v) for k, v in mine.encoders.items()} == dict(theirs.encoders)
-
-
-def test_data_mirrors_match_the_trainer():
-    from megatron.mllm.batch import padding_runs as trainer_padding_runs
-    from megatron.mllm.data import microbatch_indices
-
-    for it, dp, mbs, m in [(0, 1, 2, 8), (3, 2, 2, 4), (5, 4, 1, 3)]:
-        for d in range(dp):
-            assert megatron_microbatch_indices(it, d, dp, mbs, m) == microbatch_indices(
-                it, d, dp, mbs, m
-            )
-    for packed, pad_to, run in [
-        (10, 512, 256),
-        (256, 512, 256),
-        (600, 512, 256),
-        (7, None, 3),
-        (1, 9, 4),
-    ]:
-        assert padding_runs(packed, pad_to, run) == trainer_padding_runs(packed, pad_to, run)
 
 
 def test_calibrate_quick_grid_and_semu_reads_it(tmp_path):

@@ -58,7 +58,7 @@ def semu_step_times(
     for it in iterations:
         args = SimpleNamespace(
             workload=None, seed=None, token_scale=None, iteration=it, pad=pad, replicas=None,
-            sub_items=None, schedule=schedule, placement=None, chunks_per_rank=None,
+            encoder_sub_microbatch_tokens=None, schedule=schedule, placement=None, chunks_per_rank=None,
             memory=None, no_check=False,
         )  # fmt: skip
         schedules, mbs, _ = build_step(args, spec, cluster)

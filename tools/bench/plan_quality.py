@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from balance_report import MODEL_PRESETS, model_shape  # noqa: E402
 
 from orchestration.balance import balance  # noqa: E402
+from orchestration.balance import max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
 from orchestration.plan import (  # noqa: E402
@@ -61,11 +62,6 @@ ILP_MAX_DP = 16
 
 ILP_MAX_ITEMS = 400
 """...and this many items per phase."""
-
-
-def _mom(loads: np.ndarray) -> float:
-    mean = float(loads.mean()) if loads.size else 0.0
-    return float(loads.max()) / mean if mean > 0 else 1.0
 
 
 def bench_one(
@@ -109,7 +105,7 @@ def bench_one(
             "items": p.items.size,
             "before": p.imbalance_before,
             "after": p.imbalance_after,
-            "sample_lpt": _mom(ref_loads),
+            "sample_lpt": max_over_mean(ref_loads),
             "ratio_lb": after_max / lb.value if lb.value > 0 else 1.0,
             "ratio_opt": after_max / lb.proven_optimum if lb.proven_optimum else None,
             "sample_lpt_ratio_lb": float(ref_loads.max()) / lb.value if lb.value > 0 else 1.0,
