@@ -88,6 +88,63 @@ class LayerTimeModel:
     head_act_bytes_per_token: float | None = None
     """Activation bytes the head keeps, per token of the module."""
 
+    # Optional refinements (tools/calibrate.py writes them; older files leave the defaults,
+    # which reproduce the ratio-based model above exactly).
+
+    backward_const_s: float | None = None
+    """Fixed backward seconds of one layer call; None: backward = backward_ratio x forward."""
+
+    backward_linear_s: float = 0.0
+    """Backward seconds per token (with ``backward_const_s``)."""
+
+    backward_quadratic_s: float = 0.0
+    """Backward seconds per token squared (with ``backward_const_s``)."""
+
+    backward_per_sequence_s: float = 0.0
+    """Backward seconds per packed sequence beyond the first (with ``backward_const_s``)."""
+
+    input_const_s: float = 0.0
+    """Fixed forward seconds of the input layer per call (with ``input_s_per_token``)."""
+
+    head_const_s: float = 0.0
+    """Fixed forward seconds of the head per call (with ``head_s_per_token``)."""
+
+    head_s_per_row: float = 0.0
+    """Forward seconds of an encoder's head per LLM row it produces (the projector)."""
+
+    input_backward_const_s: float | None = None
+    """Fixed backward seconds of the input layer; None: the edge's forward x backward_ratio."""
+
+    input_backward_s_per_token: float = 0.0
+    """Backward seconds of the input layer per token (with ``input_backward_const_s``)."""
+
+    head_backward_const_s: float | None = None
+    """Fixed backward seconds of the head; None: the edge's forward x backward_ratio."""
+
+    head_backward_s_per_token: float = 0.0
+    """Backward seconds of the head per token (with ``head_backward_const_s``)."""
+
+    head_backward_s_per_row: float = 0.0
+    """Backward seconds of an encoder's head per LLM row (with ``head_backward_const_s``)."""
+
+    head_act_bytes_per_row: float = 0.0
+    """Activation bytes an encoder's head keeps per LLM row it produces."""
+
+    chunk_const_s: float = 0.0
+    """Fixed forward seconds of one chunk call beyond its layers (the block's own overhead)."""
+
+    backward_chunk_const_s: float = 0.0
+    """Fixed backward seconds of one chunk call beyond its layers."""
+
+    layer_param_tensors: int | None = None
+    """Parameter tensors of one layer (per-tensor optimizer costs); None: not counted."""
+
+    input_param_tensors: int | None = None
+    """Parameter tensors of the input layer."""
+
+    head_param_tensors: int | None = None
+    """Parameter tensors of the head (final norm included)."""
+
     def forward_s(self, n: float) -> float:
         """Forward seconds of one layer on one sequence of ``n`` tokens."""
         return self.const_s + self.linear_s * n + self.quadratic_s * n * n
@@ -102,6 +159,20 @@ class LayerTimeModel:
             + self.per_sequence_s * (len(lens) - 1)
             + self.linear_s * sum(lens)
             + self.quadratic_s * sum(n * n for n in lens)
+        )
+
+    def backward_packed_s(self, seq_lens) -> float:
+        """Backward seconds of one layer on packed independent sequences (one layer call)."""
+        if self.backward_const_s is None:
+            return self.forward_packed_s(seq_lens) * self.backward_ratio
+        lens = list(seq_lens)
+        if not lens:
+            return 0.0
+        return (
+            self.backward_const_s
+            + self.backward_per_sequence_s * (len(lens) - 1)
+            + self.backward_linear_s * sum(lens)
+            + self.backward_quadratic_s * sum(n * n for n in lens)
         )
 
     def train_s(self, n: float) -> float:

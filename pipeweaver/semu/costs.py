@@ -71,6 +71,14 @@ class CommModel:
             self.intra_bw = self.inter_bw = float(comm["p2p_bandwidth"])
         if "p2p_latency_s" in comm:
             self.intra_lat = self.inter_lat = float(comm["p2p_latency_s"])
+        # Collectives of the transport (gloo's all-reduce), when measured apart from p2p:
+        # ``(bandwidth, latency)`` for every ring collective, else the p2p link's.
+        self.collective: tuple[float, float] | None = None
+        if "allreduce_bandwidth" in comm and "allreduce_latency_s" in comm:
+            self.collective = (
+                float(comm["allreduce_bandwidth"]),
+                float(comm["allreduce_latency_s"]),
+            )
 
     def _link(self, intra: bool) -> tuple[float, float]:
         return (self.intra_bw, self.intra_lat) if intra else (self.inter_bw, self.inter_lat)
@@ -85,18 +93,21 @@ class CommModel:
         bw, lat = self._link(intra)
         return nbytes / bw, lat
 
+    def _collective_link(self, intra: bool) -> tuple[float, float]:
+        return self.collective if self.collective is not None else self._link(intra)
+
     def all_reduce(self, nbytes: float, n: int, intra: bool) -> float:
         """Ring all-reduce of ``nbytes`` on each of ``n`` devices."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        bw, lat = self._link(intra)
+        bw, lat = self._collective_link(intra)
         return 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
 
     def reduce_scatter(self, nbytes: float, n: int, intra: bool) -> float:
         """Ring reduce-scatter (or all-gather) of ``nbytes`` per device."""
         if n <= 1 or nbytes <= 0:
             return 0.0
-        bw, lat = self._link(intra)
+        bw, lat = self._collective_link(intra)
         return (n - 1) * lat + (n - 1) / n * nbytes / bw
 
     all_gather = reduce_scatter
@@ -177,6 +188,10 @@ class CostModel:
         self.comm = CommModel(cluster, calibration)
         self.tp_intra = spec.parallel.tensor <= cluster.devices_per_node
         self.host = dict(calibration.host) if calibration is not None else {}
+        # Ranks that share a node's cores, caches and memory bandwidth (the CPU job's
+        # processes) compute slower together than alone: the measured factor, when given.
+        shared = cluster.num_devices > 1 and cluster.devices_per_node > 1
+        self.slowdown = float(self.host.get("shared_node_slowdown", 1.0)) if shared else 1.0
         self._fingerprint: str | None = None
         self._tables: dict[str, LayerTimeModel] = (
             dict(calibration.modules) if calibration is not None else {}
@@ -219,9 +234,11 @@ class CostModel:
         work = self.costs.stage_work(module, start, stop, kind, memory, seq_lens, out_rows)
         table = self._tables.get(module)
         if table is not None:
-            time = self._calibrated_time(table, module, start, stop, kind, memory, seq_lens)
+            time = self._calibrated_time(
+                table, module, start, stop, kind, memory, seq_lens, out_rows
+            )
             kept, transient = self._calibrated_memory(
-                table, module, start, stop, memory, seq_lens, work
+                table, module, start, stop, memory, seq_lens, work, out_rows
             )
         else:
             time = (
@@ -238,7 +255,12 @@ class CostModel:
         if work.offload_bytes:
             time += work.offload_bytes / self.cluster.device.host_bandwidth
         time += self.host.get("stage_s", 0.0)
-        return StageCost(time, kept, transient)
+        # The schedule's glue around each forward_step / backward_step call (loss function,
+        # loss scaling, the backward's entry), measured per call by tools/calibrate.py.
+        time += self.host.get("forward_step_s" if kind == "F" else "backward_step_s", 0.0)
+        if kind == "B" and memory == "recompute":
+            time += self.host.get("forward_step_s", 0.0)
+        return StageCost(time * self.slowdown, kept, transient)
 
     def _calibrated_time(
         self,
@@ -249,23 +271,49 @@ class CostModel:
         kind: str,
         memory: str,
         seq_lens: Sequence[int],
+        out_rows: int = 0,
     ) -> float:
         shape = self.spec.shape.module(module)
         tokens = sum(seq_lens)
-        fwd = (stop - start) * t.forward_packed_s(seq_lens)
+        layers = stop - start
+        fwd = layers * t.forward_packed_s(seq_lens) + t.chunk_const_s
+        # The backward: its own fit when measured, else the forward x backward_ratio (edges
+        # likewise; the ratio alone reproduces files without the backward fits).
+        bwd = layers * t.backward_packed_s(seq_lens)
+        bwd += (
+            t.backward_chunk_const_s
+            if t.backward_const_s is not None
+            else t.chunk_const_s * t.backward_ratio
+        )
         first, last = start == 0, stop == shape.num_layers
         if t.input_s_per_token is not None or t.head_s_per_token is not None:
             if first:
-                fwd += (t.input_s_per_token or 0.0) * tokens
+                f = t.input_const_s + (t.input_s_per_token or 0.0) * tokens
+                fwd += f
+                if t.input_backward_const_s is None:
+                    bwd += f * t.backward_ratio
+                else:
+                    bwd += t.input_backward_const_s + t.input_backward_s_per_token * tokens
             if last:
-                fwd += (t.head_s_per_token or 0.0) * tokens
+                f = t.head_const_s + (t.head_s_per_token or 0.0) * tokens
+                f += t.head_s_per_row * out_rows
+                fwd += f
+                if t.head_backward_const_s is None:
+                    bwd += f * t.backward_ratio
+                else:
+                    bwd += (
+                        t.head_backward_const_s
+                        + t.head_backward_s_per_token * tokens
+                        + t.head_backward_s_per_row * out_rows
+                    )
         elif last:
             fwd += t.edge_s_per_token * tokens
+            bwd += t.edge_s_per_token * tokens * t.backward_ratio
         # A measured table is for TP = 1 on its device; TP divides the work evenly.
         fwd /= self.spec.parallel.tensor
+        bwd /= self.spec.parallel.tensor
         if kind == "F":
             return fwd
-        bwd = fwd * t.backward_ratio
         return bwd + fwd if memory == "recompute" else bwd
 
     def _calibrated_memory(
@@ -277,6 +325,7 @@ class CostModel:
         memory: str,
         seq_lens: Sequence[int],
         work: StageWork,
+        out_rows: int = 0,
     ) -> tuple[float, float]:
         if t.act_bytes_per_token is None:
             return work.kept_bytes, work.transient_bytes
@@ -288,7 +337,9 @@ class CostModel:
         if start == 0:
             full += (t.input_act_bytes_per_token or 0.0) * tokens
         if stop == shape.num_layers:
-            full += (t.head_act_bytes_per_token or 0.0) * tokens
+            full += (
+                t.head_act_bytes_per_token or 0.0
+            ) * tokens + t.head_act_bytes_per_row * out_rows
         full /= self.spec.parallel.tensor
         if memory == "none":
             return full, 0.0
@@ -297,11 +348,44 @@ class CostModel:
 
     # ---------------------------------------------------------------- step-level work
 
-    def optimizer_time(self, params: float, data_parallel: int) -> float:
-        """One Adam step over ``params`` local parameters."""
+    def param_tensors(self, module: str, start: int, stop: int) -> int | None:
+        """Parameter tensors of chunk ``[start, stop)`` of ``module``, from the calibration's
+        counts (None: not counted)."""
+        t = self._tables.get(module)
+        if t is None or t.layer_param_tensors is None:
+            return None
+        n = (stop - start) * t.layer_param_tensors
+        if start == 0:
+            n += t.input_param_tensors or 0
+        if stop == self.spec.shape.module(module).num_layers:
+            n += t.head_param_tensors or 0
+        return n
+
+    def rank_param_tensors(self, placement, rank: int) -> int | None:
+        """Parameter tensors of a pipeline rank's chunks (None: some chunk is not counted)."""
+        total = 0
+        for m, c in placement.chunks_on(rank):
+            n = self.param_tensors(m, *placement.layer_range(m, c))
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def optimizer_time(
+        self, params: float, data_parallel: int, tensors: int | None = None
+    ) -> float:
+        """One optimizer step over ``params`` local parameters in ``tensors`` tensors.
+
+        With a calibration's host figures: ``optimizer_step_s`` (fixed: gradient norm,
+        clipping, bookkeeping) + ``optimizer_s_per_tensor`` x tensors (per-tensor Python and
+        kernel overheads, when the tensors are known) + ``optimizer_s_per_param`` x params.
+        """
         if "optimizer_s_per_param" in self.host:
             per = self.host["optimizer_s_per_param"]
             if self.spec.parallel.distributed_optimizer:
                 per /= data_parallel
-            return params * per
+            t = params * per + self.host.get("optimizer_step_s", 0.0)
+            if tensors is not None:
+                t += tensors * self.host.get("optimizer_s_per_tensor", 0.0)
+            return t * self.slowdown
         return self.costs.optimizer_bytes_moved(params, data_parallel) / self.memory_rate

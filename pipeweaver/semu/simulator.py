@@ -256,6 +256,8 @@ class Semu:
         self.pp = spec.parallel.pipeline
         self.dp = spec.parallel.data(cluster.num_devices)
         self.stage_cost_fn = stage_cost_fn
+        # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
+        self._clip_grad = float(spec.flags.get("clip_grad", 1.0))
         # The function itself (not its id) keys the caches: it stays alive while cached.
         self._fp = (self.cost.fingerprint(), stage_cost_fn)
 
@@ -591,7 +593,7 @@ class Semu:
                     )
                     feats += dim * sum(sum(s.units) for s in subs)
             t += host.get("feature_s_per_element", 0.0) * feats
-        return t
+        return t * self.cost.slowdown
 
     def simulate_step(
         self,
@@ -622,9 +624,9 @@ class Semu:
                 f"the schedule has {placement.num_ranks} pipeline ranks, the model config "
                 f"--pipeline-model-parallel-size {self.pp}"
             )
+        step_s = self.cost.host.get("step_s", 0.0) * self.cost.slowdown
         host_start = [
-            [self.cost.host.get("step_s", 0.0) + self.host_time(mbs, r) for r in range(self.pp)]
-            for mbs in microbatches
+            [step_s + self.host_time(mbs, r) for r in range(self.pp)] for mbs in microbatches
         ]
         a2a = self._balancer_time(balancer_bytes)
         results = []
@@ -636,6 +638,17 @@ class Semu:
         static = self.static_bytes(placement)
         comm = self.cost.comm
         dp_group_intra = self.tp * self.dp <= self.cluster.devices_per_node
+        # The step's small collectives besides the gradient reduction (a few bytes each, so
+        # latency; the CPU job's gloo pays milliseconds): Megatron's optimizer all-reduces the
+        # gradient norm for clipping over the model-parallel group (TP x PP ranks) when
+        # clipping is on, and the trainer reduces the loss over the DP group after the step.
+        tail = 0.0
+        mp = self.tp * self.pp
+        if mp > 1 and self._clip_grad > 0:
+            group = [self.tp * self.dp * r + t for r in range(self.pp) for t in range(self.tp)]
+            tail += comm.all_reduce(4.0, mp, self.cluster.same_node(group))
+        if self.dp > 1:
+            tail += comm.all_reduce(8.0, self.dp, dp_group_intra)
         finish = []
         events: list[Event] = []
         crit = max(range(len(results)), key=lambda d: results[d].makespan)
@@ -648,12 +661,17 @@ class Semu:
                 )
             else:
                 ar = comm.all_reduce(grad_bytes, self.dp, dp_group_intra)
-            opt = self.cost.optimizer_time(static[r]["params"], self.dp)
-            finish.append(ready + ar + opt)
+            opt = self.cost.optimizer_time(
+                static[r]["params"], self.dp, self.cost.rank_param_tensors(placement, r)
+            )
+            finish.append(ready + ar + opt + tail)
             if record_events:
                 if ar > 0:
                     events.append(Event(r, ready, ready + ar, "dp all-reduce", "allreduce"))
                 events.append(Event(r, ready + ar, ready + ar + opt, "optimizer", "optimizer"))
+                if tail > 0:
+                    end = ready + ar + opt
+                    events.append(Event(r, end, end + tail, "norm + loss all-reduce", "allreduce"))
         step = max(finish)
         crit_res = results[crit]
         if record_events:

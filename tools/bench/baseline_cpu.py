@@ -25,9 +25,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--workload", default="omni-three-modality")
     args = parser.parse_args()
+    # The main job switches OrchWeave's features on; the baseline switches them off.
+    baseline = ["--post-balance", "none", "--pipeline-schedule", "megatron"]
     layouts = {
-        "DP=2": ["--pipeline-model-parallel-size", "1"],
-        "PP=2": ["--pipeline-model-parallel-size", "2"],
+        "DP=2": [*baseline, "--pipeline-model-parallel-size", "1"],
+        "PP=2": [*baseline, "--pipeline-model-parallel-size", "2"],
     }
     results = {
         name: summarize(

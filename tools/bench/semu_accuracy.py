@@ -6,7 +6,11 @@ For each run of a list (PP = 1/2, DP = 1/2, the upstream-Megatron baseline sched
 workload specs), it
 
 1. runs the main job (``scripts/pretrain_mllm_cpu.sh`` with overrides and ``--metrics-jsonl``)
-   and takes the median ``iteration_time_s`` after ``--warmup`` iterations;
+   ``--repeats`` times and takes the median ``iteration_time_s`` of all the timed iterations
+   (after ``--warmup`` in each). The repeats go round-robin over the list: this host's speed
+   drifts by 10-30% over seconds (the same 12-iteration run of pp1-dp1-omni measured 493 to
+   610 ms in four launches a few minutes apart), so one short run per configuration is a
+   sample of the host's mood as much as of the configuration;
 2. predicts every one of those iterations with SEMU, calibrated from ``--calibration`` (a
    ``tools/calibrate.py`` file measured on this machine), on the exact microbatches the trainer
    ran: the same samples (``megatron.mllm.data.SampleSource`` with the run's seed and token
@@ -15,15 +19,16 @@ workload specs), it
    encoders on stage 0), expressed in the IR;
 3. with ``--memory``, runs the same configuration once more under
    ``tools/bench/semu_memory_probe.py`` (the trainer with ``saved_tensors_hooks`` counting the
-   bytes autograd keeps alive) and compares each rank's peak with SEMU's predicted peak
-   activation bytes of its pipeline rank.
+   bytes autograd keeps alive) for its first ``--memory-iters`` iterations and compares each
+   rank's peak with SEMU's predicted peak activation bytes of its pipeline rank over the same
+   iterations (peaks are maxima over the batches seen: both sides must see the same ones).
 
 Prints a table and the mean absolute error; ends with ``semu_mae_pct: X``.
 
 Usage::
 
     python tools/bench/semu_accuracy.py --calibration cal.json [--iters 12] [--warmup 3]
-        [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke]
+        [--repeats 3] [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke]
 
 ``--smoke`` runs one tiny world-size-1 configuration (4 iterations), for tests of the harness.
 Timings need a quiet machine: run the full list only when nothing else runs.
@@ -217,10 +222,10 @@ def trainer_microbatches(spec: ModelSpec, run: Run, iteration: int) -> list[list
     """The microbatches the trainer ran at ``iteration`` (0-based), per DP rank.
 
     Uses the trainer's own data functions: the same sample stream and sampler order, and the
-    trainer's padding rule (checked against pipeweaver's mirror of it).
+    trainer's padding rule (:mod:`orchestration.packing`).
     """
-    from megatron.mllm.batch import padding_runs
-    from megatron.mllm.data import SampleSource, microbatch_indices
+    from megatron.mllm.data import SampleSource
+    from orchestration.packing import microbatch_indices, padding_runs
 
     t = spec.training
     source = SampleSource(t.workload, t.workload_seed, t.workload_token_scale)
@@ -249,7 +254,8 @@ def trainer_microbatches(spec: ModelSpec, run: Run, iteration: int) -> list[list
 
 
 def predict(spec: ModelSpec, run: Run, cal: Calibration, iterations: list[int]):
-    """SEMU's step time for each iteration, and the peak activation bytes per pipeline rank."""
+    """SEMU's step time for each iteration, and the peak activation bytes per pipeline rank
+    (maximum over the iterations)."""
     cluster = ClusterSpec(DEVICES["cpu"], run.nproc, devices_per_node=run.nproc, name="cpu")
     semu = Semu(spec, cluster, cal)
     placement = Placement.baseline(run.pp, spec.layers())
@@ -270,6 +276,12 @@ def main() -> None:
     parser.add_argument("--calibration", required=True, help="tools/calibrate.py output")
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="launches per run, round-robin over the runs"
+    )
+    parser.add_argument(
+        "--memory-iters", type=int, default=4, help="iterations of the memory probe"
+    )
     parser.add_argument("--runs", help="comma-separated run names (default: all)")
     parser.add_argument("--memory", action="store_true", help="also compare activation memory")
     parser.add_argument("--smoke", action="store_true", help="one tiny run (tests the harness)")
@@ -277,7 +289,7 @@ def main() -> None:
     args = parser.parse_args()
     cal = Calibration.load(args.calibration)
     if args.smoke:
-        runs, iters, warmup = [SMOKE], 4, 1
+        runs, iters, warmup, args.repeats = [SMOKE], 4, 1, 1
     else:
         names = set(args.runs.split(",")) if args.runs else None
         runs = [r for r in RUNS if names is None or r.name in names]
@@ -287,23 +299,33 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory() if not args.workdir else None
     workdir = Path(args.workdir or tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
-    outcomes = []
-    for run in runs:
-        spec = load_model_config(BASE_CONFIG, _overrides(run))
-        records = timing_run(run, iters, workdir)
-        timed = records[warmup:]
-        o = Outcome(run, measured_s=[r["iteration_time_s"] for r in timed])
-        o.predicted_s, mem = predict(spec, run, cal, [r["iteration"] - 1 for r in timed])
-        if args.memory:
-            peaks = memory_run(run, spec, min(iters, 4), workdir)
+    outcomes = {run.name: Outcome(run) for run in runs}
+    specs = {run.name: load_model_config(BASE_CONFIG, _overrides(run)) for run in runs}
+    for rep in range(args.repeats):
+        for run in runs:
+            o = outcomes[run.name]
+            timed = timing_run(run, iters, workdir)[warmup:]
+            o.measured_s += [r["iteration_time_s"] for r in timed]
+            # Every launch runs the same iterations: predict them once.
+            if rep == 0:
+                o.predicted_s, _ = predict(
+                    specs[run.name], run, cal, [r["iteration"] - 1 for r in timed]
+                )
+            print(f"  {run.name} ({rep + 1}/{args.repeats}): measured "
+                  f"{statistics.median(r['iteration_time_s'] for r in timed) * 1e3:.1f} ms, "
+                  f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms", flush=True)  # fmt: skip
+    if args.memory:
+        for run in runs:
+            o = outcomes[run.name]
+            mem_iters = min(iters, args.memory_iters)
+            peaks = memory_run(run, specs[run.name], mem_iters, workdir)
+            _, mem = predict(specs[run.name], run, cal, list(range(mem_iters)))
             # Process rank -> pipeline rank: PP is the outer dimension (rank = dp + DP * pp).
             by_pp = [0.0] * run.pp
             for rank, peak in peaks.items():
                 by_pp[rank // run.dp] = max(by_pp[rank // run.dp], peak)
             o.measured_mem, o.predicted_mem = by_pp, mem
-        outcomes.append(o)
-        print(f"  {run.name}: measured {statistics.median(o.measured_s) * 1e3:.1f} ms, "
-              f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms", flush=True)  # fmt: skip
+    outcomes = list(outcomes.values())
     print(f"SEMU accuracy on {cal.device} (calibration: {cal.source})")
     print(
         f"{'run':22s} {'PP':>2s} {'DP':>2s} {'workload':24s} {'measured ms':>11s} "
