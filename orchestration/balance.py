@@ -952,6 +952,9 @@ def _refine_pairs(prob: _Problem, bins: np.ndarray, iters: int) -> np.ndarray:
     big = np.iinfo(np.int64).max
     pairs = min(d // 2, prob.budget.refine_pairs)
     qx = np.r_[q, 0]  # q[-1] reads 0: an empty slot costs nothing
+    # For the light bins' slots, an empty one reads as too heavy to swap for anything, so
+    # that each light bin offers one move, in its extra last column (no mask needed).
+    qy = np.r_[q, np.int64(1) << np.int64(60)]
     sx_all = np.r_[sizes, 0] if capped else None
     history: list[int] = []
     for _ in range(iters):
@@ -966,12 +969,13 @@ def _refine_pairs(prob: _Problem, bins: np.ndarray, iters: int) -> np.ndarray:
         hl, ll = loads[heavy][:, None, None], loads[light][:, None, None]
         xi = mat[heavy]  # (P, W)
         yi = np.concatenate((mat[light], np.full((pairs, 1), -1)), axis=1)  # + a move slot
-        yv = qx[yi]
+        yv = qy[yi]
+        yv[:, -1] = 0
         delta = qx[xi][:, :, None] - yv[:, None, :]
         new_max = np.maximum(hl - delta, ll + delta)
-        valid = (xi >= 0)[:, :, None] & (delta > 0) & (new_max < hl)
-        # Keep a move's empty slot only once per light bin: the last column.
-        valid &= (yi >= 0)[:, None, :] | (np.arange(yi.shape[1]) == yi.shape[1] - 1)[None, None, :]
+        # new_max < hl implies delta > 0, which also rules out empty x slots (qx = 0) and
+        # empty y slots but the move column (qy huge).
+        valid = new_max < hl
         if capped:
             sx = sx_all[xi][:, :, None]
             sy = sx_all[yi][:, None, :]
@@ -1048,9 +1052,9 @@ def repair(prob: _Problem, owners: np.ndarray, target: int) -> np.ndarray | None
         lifted = _select_lift(prob, bins, loads, used, over, pinned, target)
         if lifted is None:
             return None
-        np.subtract.at(loads, bins[lifted], q[lifted])
+        loads -= _loads(q[lifted], bins[lifted], d)
         if capped:
-            np.subtract.at(used, bins[lifted], prob.sizes[lifted])
+            used -= _loads(prob.sizes[lifted], bins[lifted], d)
         bins[lifted] = -1
         lifted = lifted[np.lexsort((lifted, -q[lifted]))]
         try:
@@ -1058,9 +1062,10 @@ def repair(prob: _Problem, owners: np.ndarray, target: int) -> np.ndarray | None
         except InfeasibleCapError:
             return None
         pinned[lifted] = True
-        loads = _loads(q, bins, d)
+        # Only the lifted items changed bins: update the loads, don't recount every item.
+        loads += _loads(q[lifted], bins[lifted], d)
         if capped:
-            used = np.bincount(bins, weights=prob.sizes, minlength=d).astype(np.int64)
+            used += _loads(prob.sizes[lifted], bins[lifted], d)
     return None
 
 

@@ -554,21 +554,21 @@ def row_index(order: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return base + np.arange(int(counts.sum()))
 
 
-def _dst_positions(dst: np.ndarray, num_ranks: int, key: np.ndarray | None = None) -> np.ndarray:
-    """Position of each item in its destination's list, ordered by ``key`` (default index).
-
-    ``key`` must be non-negative and below 2**40.
-    """
-    if key is None:
-        # 16-bit keys get numpy's radix sort: O(n) instead of timsort.
-        small = dst.astype(np.int16) if num_ranks <= np.iinfo(np.int16).max else dst
-        order = np.argsort(small, kind="stable")
-    else:
-        order = np.argsort(dst * (np.int64(1) << np.int64(40)) + key, kind="stable")
-    start = np.r_[0, np.cumsum(np.bincount(dst, minlength=num_ranks))[:-1]]
+def _dst_positions(dst: np.ndarray, num_ranks: int) -> np.ndarray:
+    """Position of each item in its destination's list, in index order."""
+    # 16-bit keys get numpy's radix sort: O(n) instead of timsort.
+    small = dst.astype(np.int16) if num_ranks <= np.iinfo(np.int16).max else dst
+    order = np.argsort(small, kind="stable")
+    start = _exclusive_cumsum(np.bincount(dst, minlength=num_ranks))
     pos = np.empty(dst.size, dtype=np.int64)
     pos[order] = np.arange(dst.size) - start[dst[order]]
     return pos
+
+
+def _exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -845,12 +845,25 @@ def _proj_loads(items, model, ranks, R) -> np.ndarray:
 
 
 def _route_to_llm(enc: PhasePlan, llm: PhasePlan, R: int) -> Exchange:
-    """Encoder worker -> LLM worker of each unit's sample, in the LLM worker's sample order."""
+    """Encoder worker -> LLM worker of each unit's sample, in the LLM worker's sample order.
+
+    No sort: the LLM plan already orders every worker's samples, and a sample's units are
+    consecutive in canonical order, so each unit's place follows from counts.
+    """
     s = enc.items.sample
+    S = llm.items.size
     dst = llm.dispatch.dst[s]
-    # Units of the LLM worker ordered by (its sample order, unit index in canonical order).
-    key = llm.dispatch.dst_pos[s] * (enc.items.size + 1) + np.arange(enc.items.size)
-    dst_pos = _dst_positions(dst, R, key=key)
+    # Every sample's rank in the destination-major order of all LLM workers' lists...
+    grank = _exclusive_cumsum(np.bincount(llm.dispatch.dst, minlength=R))[llm.dispatch.dst]
+    grank += llm.dispatch.dst_pos
+    # ...gives where its run of units starts in the same order over all units...
+    per_sample = np.bincount(s, minlength=S)
+    by_rank = np.empty(S, dtype=np.int64)
+    by_rank[grank] = per_sample
+    unit_start = _exclusive_cumsum(by_rank)[grank]
+    # ...and each unit's position in its worker's list.
+    pos = unit_start[s] + enc.items.unit_in_sample
+    dst_pos = pos - _exclusive_cumsum(np.bincount(dst, minlength=R))[dst]
     return Exchange(R, enc.dispatch.dst, enc.dispatch.dst_pos, dst, dst_pos, enc.items.tokens)
 
 

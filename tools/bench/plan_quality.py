@@ -41,8 +41,7 @@ for p in (_REPO, os.path.join(_REPO, "tools")):
 import numpy as np  # noqa: E402
 from balance_report import MODEL_PRESETS, model_shape  # noqa: E402
 
-from orchestration.balance import balance  # noqa: E402
-from orchestration.balance import max_over_mean  # noqa: E402
+from orchestration.balance import balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
 from orchestration.plan import (  # noqa: E402
