@@ -25,8 +25,8 @@ from pipeweaver.ir import (
     MicrobatchStructure,
     Placement,
     Schedule,
-    data_inputs,
     dependencies,
+    dependency_graph,
     stages,
 )
 from pipeweaver.lowering import lower
@@ -51,14 +51,7 @@ def random_valid_schedule(
     """A random valid, lowered schedule."""
     all_stages = list(stages(placement, structure))
     memory = {a: rng.choice(memories) for a in all_stages if a.kind is Kind.F}
-    missing, dependents = {}, {a: [] for a in all_stages}
-    for a in all_stages:
-        deps = [p for p, _ in data_inputs(a, placement, structure)]
-        if a.kind is Kind.B:
-            deps.append(a.partner())
-        missing[a] = len(deps)
-        for d in deps:
-            dependents[d].append(a)
+    missing, dependents = dependency_graph(all_stages, placement, structure)
     ready = [[] for _ in range(placement.num_ranks)]
     for a in all_stages:
         if missing[a] == 0:

@@ -29,6 +29,7 @@ from pipeweaver.ir import (
     Schedule,
     ScheduleError,
     data_inputs,
+    dependency_graph,
     stages,
 )
 from pipeweaver.lowering import lower
@@ -106,15 +107,7 @@ def greedy_dual_queue(
         caps = [memory_cap] * P if isinstance(memory_cap, (int, float)) else list(memory_cap)
     all_stages = list(stages(placement, structure))
     rank_of = {a: placement.rank_of(a.module, a.chunk) for a in all_stages}
-    missing: dict[Compute, int] = {}
-    dependents: dict[Compute, list[Compute]] = {a: [] for a in all_stages}
-    for a in all_stages:
-        deps = [pr for pr, _ in data_inputs(a, placement, structure)]
-        if a.kind is Kind.B:
-            deps.append(a.partner())
-        missing[a] = len(deps)
-        for d in deps:
-            dependents[d].append(a)
+    missing, dependents = dependency_graph(all_stages, placement, structure)
     ready_at: dict[Compute, float] = {}
     end: dict[Compute, float] = {}
     # Per rank and kind, a heap of (earliest start, priority, stage).

@@ -650,6 +650,25 @@ def dependencies(
     return tuple(deps)
 
 
+def dependency_graph(
+    all_stages: Sequence[Compute], placement: Placement, structure: MicrobatchStructure
+) -> tuple[dict[Compute, int], dict[Compute, list[Compute]]]:
+    """For list schedulers: how many stages each stage waits for, and who waits for each.
+
+    Returns:
+        ``(missing, dependents)``: per stage, the count of its :func:`dependencies`, and the
+        stages that depend on it.
+    """
+    missing: dict[Compute, int] = {}
+    dependents: dict[Compute, list[Compute]] = {a: [] for a in all_stages}
+    for a in all_stages:
+        deps = dependencies(a, placement, structure)
+        missing[a] = len(deps)
+        for d in deps:
+            dependents[d].append(a)
+    return missing, dependents
+
+
 def consumers(
     action: Compute, placement: Placement, structure: MicrobatchStructure
 ) -> list[tuple[Compute, Part | None]]:

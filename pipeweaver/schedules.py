@@ -34,7 +34,7 @@ from pipeweaver.ir import (
     Placement,
     Schedule,
     ScheduleError,
-    data_inputs,
+    dependency_graph,
     stages,
 )
 from pipeweaver.lowering import lower
@@ -234,15 +234,7 @@ def dataflow(
         )
     )
     all_stages = list(stages(placement, structure))
-    missing: dict[Compute, int] = {}
-    dependents: dict[Compute, list[Compute]] = {a: [] for a in all_stages}
-    for a in all_stages:
-        deps = [pr for pr, _ in data_inputs(a, placement, structure)]
-        if a.kind is Kind.B:
-            deps.append(a.partner())
-        missing[a] = len(deps)
-        for d in deps:
-            dependents[d].append(a)
+    missing, dependents = dependency_graph(all_stages, placement, structure)
     ready: list[list] = [[] for _ in range(placement.num_ranks)]
     for a in all_stages:
         if missing[a] == 0:

@@ -944,7 +944,6 @@ def parallel_worker(model_path: str, out: str, threads: int, reps: int) -> None:
     # the trainer's dominant cost.
     chunk = build_chunk(mllm, ChunkId("llm", 0, 1), pg)
     chunk.train()
-    from megatron.mllm.training import _ddp_config  # noqa: F401  (ddp_wrap imports it)
 
     ddp = ddp_wrap(chunk, args, pg)  # noqa: F841  (keeps the hooks)
     lens = [64, 64, 128]

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from megatron.mllm.batch import PackedMicrobatch, SamplePayload, build_microbatch
+from megatron.mllm.batch import SamplePayload, build_microbatch
 from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
@@ -282,7 +280,6 @@ class PostBalancer:
     def whole_sample_microbatches(self, local: list[tuple[int, SampleMeta]]):
         """Re-assign whole samples across DP groups; return this group's packed microbatches."""
         tr = self.trainer
-        device = tr.device
         encoders = list(tr.mllm.encoders)
         md, ids = self.gather(local)
         plan = plan_whole_samples(md, self.cost_model, algorithm=self.algorithm)

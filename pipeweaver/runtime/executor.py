@@ -33,7 +33,7 @@ The model side is described by two small protocols, so the runtime knows nothing
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 

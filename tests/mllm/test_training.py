@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from equivalence import TINY, assert_equivalent
 from launch import REPO, check, main_job, torchrun
 

@@ -26,6 +26,7 @@ from cpu_runs import run_main_job, summarize
 
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
+from orchestration.packing import microbatch_indices
 from orchestration.plan import GatheredMetadata, plan_iteration
 from orchestration.workload import WorkloadGenerator, WorkloadSpec
 from pipeweaver.semu.model import load_model_config
@@ -35,13 +36,10 @@ MEGATRON = ["--pipeline-model-parallel-size", "1", "--pipeline-schedule", "megat
 
 def megatron_rank_samples(gen, iteration: int, dp: int, mbs: int, num_mb: int):
     """Every DP rank's (stream index, metadata), as Megatron's sampler hands them out."""
-    gbs = dp * mbs * num_mb
-    out = [[] for _ in range(dp)]
-    for m in range(num_mb):
-        for r in range(dp):
-            start = iteration * gbs + m * mbs * dp + r * mbs
-            out[r] += [(k, gen.sample(k)) for k in range(start, start + mbs)]
-    return out
+    return [
+        [(k, gen.sample(k)) for mb in microbatch_indices(iteration, r, dp, mbs, num_mb) for k in mb]
+        for r in range(dp)
+    ]
 
 
 def ideal_ratio(workload: str, iters: int, calibration: str | None) -> tuple[float, dict]:
