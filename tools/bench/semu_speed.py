@@ -68,7 +68,7 @@ def main() -> None:
     cluster = ClusterSpec(DEVICES["h100-sxm"], 8 * pp, name="h100")
     enc = list(spec.shape.encoders)
     gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=1)
-    mbs = step_microbatches(gen.sample, 0, 1, 1, m, enc, 8192, 8192, {"vision": 2})[0]
+    mbs = step_microbatches(gen.sample, 0, 1, 1, m, enc, 8192, 8192, sub_tokens=4096)[0]
     structure = structure_of(mbs, enc)
     layers = spec.layers()
     cases = {
