@@ -71,7 +71,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, NoReturn, Sequence
+from typing import Any, Sequence
 
 # tools/ is not a package: make the repository importable when run as a script.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +79,7 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 import numpy as np  # noqa: E402
+from tool_args import EXIT_ERROR, ToolParser, nonneg_float, nonneg_int, positive_int  # noqa: E402
 
 from orchestration.balance import InfeasibleCapError, balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
@@ -99,9 +100,6 @@ from orchestration.workload import (  # noqa: E402
     WorkloadSpec,
     read_jsonl,
 )
-
-EXIT_ERROR = 2
-"""Exit status for every user error."""
 
 ALGORITHMS = ("none", "sample-lpt", "lpt", "kk", "kk+refine", "auto")
 """Rows of the report, in order."""
@@ -370,68 +368,29 @@ def evaluate(
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors end in one ``error: ...`` line."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
 _MODEL_FLAGS = [
-    ("num_layers", _positive_int),
-    ("hidden_size", _positive_int),
-    ("num_attention_heads", _positive_int),
-    ("num_query_groups", _positive_int),
-    ("ffn_hidden_size", _positive_int),
-    ("vocab_size", _positive_int),
-    ("vision_num_layers", _nonneg_int),
-    ("vision_hidden_size", _positive_int),
-    ("vision_num_attention_heads", _positive_int),
-    ("vision_ffn_hidden_size", _positive_int),
-    ("vision_patch_size", _positive_int),
-    ("audio_num_layers", _nonneg_int),
-    ("audio_hidden_size", _positive_int),
-    ("audio_num_attention_heads", _positive_int),
-    ("audio_ffn_hidden_size", _positive_int),
-    ("audio_feature_dim", _positive_int),
+    ("num_layers", positive_int),
+    ("hidden_size", positive_int),
+    ("num_attention_heads", positive_int),
+    ("num_query_groups", positive_int),
+    ("ffn_hidden_size", positive_int),
+    ("vocab_size", positive_int),
+    ("vision_num_layers", nonneg_int),
+    ("vision_hidden_size", positive_int),
+    ("vision_num_attention_heads", positive_int),
+    ("vision_ffn_hidden_size", positive_int),
+    ("vision_patch_size", positive_int),
+    ("audio_num_layers", nonneg_int),
+    ("audio_hidden_size", positive_int),
+    ("audio_num_attention_heads", positive_int),
+    ("audio_ffn_hidden_size", positive_int),
+    ("audio_feature_dim", positive_int),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface of this tool."""
-    p = _Parser(
+    p = ToolParser(
         prog="tools/balance_report.py",
         description="Per-phase balance of one global batch under each balancing algorithm.",
     )
@@ -440,10 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC_OR_JSONL",
         help="a spec file, a built-in spec name, or a .jsonl file of sample metadata",
     )
-    p.add_argument("--dp", type=_positive_int, required=True, help="data-parallel ranks")
+    p.add_argument("--dp", type=positive_int, required=True, help="data-parallel ranks")
     p.add_argument(
         "--samples-per-rank",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="samples each DP rank loads (default 8)",
     )
@@ -453,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(MODEL_PRESETS),
         help="model size preset (default cpu-main); the flags below override it",
     )
-    p.add_argument("--seed", type=_nonneg_int, default=0, help="generator seed (spec only)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="generator seed (spec only)")
     p.add_argument(
         "--token-scale",
         type=float,
@@ -462,14 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpus-per-node",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         help="ranks per node for the node-aware locality mapping (default 8)",
     )
     p.add_argument("--calibration", help="calibration JSON of measured per-layer times")
     p.add_argument(
         "--ilp-seconds",
-        type=_nonneg_float,
+        type=nonneg_float,
         default=3.0,
         help="time limit of the ILP bound per phase (small problems; 0 disables)",
     )

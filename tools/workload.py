@@ -43,12 +43,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, NoReturn, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 # tools/ is not a package: make the repository importable when run as a script.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
+
+from tool_args import EXIT_ERROR, ToolParser, nonneg_int, positive_float, positive_int  # noqa: E402
 
 from orchestration.workload import (  # noqa: E402
     ENCODER_OF_MODALITY,
@@ -64,52 +66,10 @@ from orchestration.workload_stats import ALL_MODALITIES, SHARE_STATS, workload_s
 DEFAULT_NUM_SAMPLES = 10000
 """Samples generated from a spec when ``--num-samples`` is not given."""
 
-EXIT_ERROR = 2
-"""Exit status for every user error, as argparse uses for bad arguments."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors end in the same ``error: ...`` line as the others."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface of this tool."""
-    p = _Parser(
+    p = ToolParser(
         prog="tools/workload.py",
         description="Describe a workload spec or a JSONL file of sample metadata, or emit "
         "generated samples as JSONL.",
@@ -121,20 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-samples",
-        type=_positive_int,
+        type=positive_int,
         help=f"samples to generate from a spec (default {DEFAULT_NUM_SAMPLES}) or to read "
         "from the start of a JSONL file (default all)",
     )
-    p.add_argument("--seed", type=_seed, help="generator seed (spec only, default 0)")
+    p.add_argument("--seed", type=nonneg_int, help="generator seed (spec only, default 0)")
     p.add_argument(
         "--token-scale",
-        type=_positive_float,
+        type=positive_float,
         help="scale every token count after drawing (spec only, default 1)",
     )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument(
         "--emit-jsonl",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="write N generated samples of the spec as JSONL instead of a report",
     )
