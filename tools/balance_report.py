@@ -4,7 +4,7 @@
 Usage (from the repository root)::
 
     python tools/balance_report.py SPEC_OR_JSONL --dp 8 [--samples-per-rank 8]
-        [--model cpu-main|omni-84b|slurm-example] [model flags] [--seed S] [--token-scale X]
+        [--model CONFIG] [model flags] [--seed S] [--token-scale X]
         [--gpus-per-node 8] [--calibration FILE] [--ilp-seconds 3] [--json]
 
 ``SPEC_OR_JSONL`` is a workload spec file, a built-in spec name (e.g. ``omni-three-modality``)
@@ -27,20 +27,12 @@ The lower bound is the best of ``orchestration.bounds`` (average, largest item, 
 sums, ...) and, for small problems (``d <= 16`` and at most 400 items), the HiGHS ILP's dual
 bound within ``--ilp-seconds`` (0 disables); when the ILP proves the optimum it is reported.
 
-Models (``--model``), built as a ``ModelShape`` the way ``MLLMConfig.shape()`` does; the model
-flags below override any field:
-
-* ``cpu-main`` (default): the CPU main job of scripts/pretrain_mllm_cpu.sh: LLM 4 layers x 64
-  hidden, 4 heads, FFN 256, vocab 512; vision and audio 2 x 64, 4 heads; vision patch 4 (input
-  48), audio features 32; and the main job's token scale 1/32 unless ``--token-scale``.
-* ``omni-84b``: an 84B-class three-modality model. LLM: Llama-3-70B (80 layers, hidden 8192,
-  FFN 28672 SwiGLU, 64 heads, 8 KV groups, vocab 128256; Meta's config.json). Vision: 48 x 1664,
-  16 heads, FFN 8192, patch 14: OpenCLIP ViT-bigG/14 (the shape of the brief's
-  "InternViT-6B-ish" 48 x 1664; InternViT-6B itself is 45 x 3200). Audio: Whisper large-v3's
-  encoder (32 x 1280, 20 heads, FFN 5120, 128 mel bins). About 74B parameters by this count;
-  OrchMLLM's exact 84B configuration was not found (shared/research/orchmllm.md section 7).
-* ``slurm-example``: the README's SLURM example (LLM 32 x 4096, 32 heads, vocab 151936;
-  vision 32 x 1280, 16 heads; audio 32 x 1280, 20 heads; FFN 4 x hidden; patch 14, 128 mels).
+Models (``--model``, default ``cpu-main``): a model config of ``scripts/configs`` (a name there
+or a path; ``scripts/configs/README.md``), read by ``pipeweaver.semu.model`` exactly as SEMU reads
+it, i.e. the shape the trainer would build from those flags (``cpu-main``: the CPU main job;
+``omni-84b``: OrchMLLM's headline model; ``slurm-example``: the README's SLURM example; DIP's
+``vlm-*`` and ``t2v-*``). The model flags below override the config's; ``--token-scale``
+defaults to the config's ``--workload-token-scale``.
 
 ``--json`` prints one JSON object::
 
@@ -79,13 +71,19 @@ if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
 import numpy as np  # noqa: E402
-from tool_args import EXIT_ERROR, ToolParser, nonneg_float, nonneg_int, positive_int  # noqa: E402
+from tool_args import (  # noqa: E402
+    EXIT_ERROR,
+    ToolParser,
+    find_config,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+)
 
 from orchestration.balance import InfeasibleCapError, balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
-from orchestration.model_shape import ModelShape, TransformerShape  # noqa: E402
 from orchestration.plan import (  # noqa: E402
     GatheredMetadata,
     phase_items,
@@ -100,6 +98,7 @@ from orchestration.workload import (  # noqa: E402
     WorkloadSpec,
     read_jsonl,
 )
+from pipeweaver.semu.model import load_model_config  # noqa: E402
 
 ALGORITHMS = ("none", "sample-lpt", "lpt", "kk", "kk+refine", "auto")
 """Rows of the report, in order."""
@@ -109,114 +108,6 @@ ILP_MAX_BINS = 16
 
 ILP_MAX_ITEMS = 400
 """...and this many items."""
-
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "cpu-main": dict(
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_query_groups=None,
-        ffn_hidden_size=256,
-        vocab_size=512,
-        swiglu=False,
-        vision_num_layers=2,
-        vision_hidden_size=64,
-        vision_num_attention_heads=4,
-        vision_ffn_hidden_size=256,
-        vision_patch_size=4,
-        audio_num_layers=2,
-        audio_hidden_size=64,
-        audio_num_attention_heads=4,
-        audio_ffn_hidden_size=256,
-        audio_feature_dim=32,
-        encoder_swiglu=False,
-        token_scale=0.03125,
-    ),
-    "omni-84b": dict(
-        num_layers=80,
-        hidden_size=8192,
-        num_attention_heads=64,
-        num_query_groups=8,
-        ffn_hidden_size=28672,
-        vocab_size=128256,
-        swiglu=True,
-        vision_num_layers=48,
-        vision_hidden_size=1664,
-        vision_num_attention_heads=16,
-        vision_ffn_hidden_size=8192,
-        vision_patch_size=14,
-        audio_num_layers=32,
-        audio_hidden_size=1280,
-        audio_num_attention_heads=20,
-        audio_ffn_hidden_size=5120,
-        audio_feature_dim=128,
-        encoder_swiglu=False,
-        token_scale=1.0,
-    ),
-    "slurm-example": dict(
-        num_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_query_groups=None,
-        ffn_hidden_size=16384,
-        vocab_size=151936,
-        swiglu=False,
-        vision_num_layers=32,
-        vision_hidden_size=1280,
-        vision_num_attention_heads=16,
-        vision_ffn_hidden_size=5120,
-        vision_patch_size=14,
-        audio_num_layers=32,
-        audio_hidden_size=1280,
-        audio_num_attention_heads=20,
-        audio_ffn_hidden_size=5120,
-        audio_feature_dim=128,
-        encoder_swiglu=False,
-        token_scale=1.0,
-    ),
-}
-"""Named model sizes (see the module doc for their sources)."""
-
-
-def model_shape(sizes: dict[str, Any]) -> ModelShape:
-    """A ModelShape from preset-style sizes, as ``MLLMConfig.shape()`` builds it.
-
-    Encoders with 0 layers are absent. The projector is megatron-core's ``mlp`` type (encoder
-    hidden -> LLM FFN -> LLM hidden).
-    """
-    h, v, ffn = sizes["hidden_size"], sizes["vocab_size"], sizes["ffn_hidden_size"]
-    llm = TransformerShape(
-        num_layers=sizes["num_layers"],
-        hidden_size=h,
-        ffn_hidden_size=ffn,
-        num_attention_heads=sizes["num_attention_heads"],
-        num_query_groups=sizes.get("num_query_groups"),
-        gated_mlp=bool(sizes.get("swiglu")),
-        causal=True,
-        output_flops_per_token=2.0 * h * v,
-    )
-    encoders = {}
-    input_dims = {
-        "vision": 3 * sizes["vision_patch_size"] ** 2,
-        "audio": sizes["audio_feature_dim"],
-    }
-    for name in ("vision", "audio"):
-        layers = sizes[f"{name}_num_layers"]
-        if not layers:
-            continue
-        eh = sizes[f"{name}_hidden_size"]
-        encoders[name] = TransformerShape(
-            num_layers=layers,
-            hidden_size=eh,
-            ffn_hidden_size=sizes[f"{name}_ffn_hidden_size"],
-            num_attention_heads=sizes[f"{name}_num_attention_heads"],
-            gated_mlp=bool(sizes.get("encoder_swiglu")),
-            causal=False,
-            input_flops_per_token=2.0 * input_dims[name] * eh,
-            output_flops_per_token=2.0 * (eh * ffn + ffn * h),
-        )
-    return ModelShape(llm=llm, encoders=encoders)
-
 
 # --------------------------------------------------------------------------------------------
 # Inputs
@@ -409,15 +300,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="cpu-main",
-        choices=sorted(MODEL_PRESETS),
-        help="model size preset (default cpu-main); the flags below override it",
+        help="model config: a name in scripts/configs or a path (default cpu-main); the flags "
+        "below override it",
     )
     p.add_argument("--seed", type=nonneg_int, default=0, help="generator seed (spec only)")
     p.add_argument(
         "--token-scale",
         type=float,
         default=None,
-        help="scale every token count (spec only; default: the model preset's)",
+        help="scale every token count (spec only; default: the model config's)",
     )
     p.add_argument(
         "--gpus-per-node",
@@ -433,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time limit of the ILP bound per phase (small problems; 0 disables)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    g = p.add_argument_group("model flags (override the preset)")
+    g = p.add_argument_group("model flags (override the config's)")
     for name, typ in _MODEL_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
     g.add_argument("--swiglu", action="store_true", default=None, help="gated MLP in the LLM")
@@ -471,19 +362,24 @@ def _format_table(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the tool; returns the exit status."""
     args = build_parser().parse_args(argv)
-    sizes = dict(MODEL_PRESETS[args.model])
-    for name, _ in _MODEL_FLAGS:
-        if getattr(args, name) is not None:
-            sizes[name] = getattr(args, name)
+    overrides = {
+        name.replace("_", "-"): getattr(args, name)
+        for name, _ in _MODEL_FLAGS
+        if getattr(args, name) is not None
+    }
+    if "num-query-groups" in overrides:
+        overrides["group-query-attention"] = True
     if args.swiglu:
-        sizes["swiglu"] = True
-    token_scale = sizes.pop("token_scale") if args.token_scale is None else args.token_scale
+        overrides["swiglu"] = True
     try:
+        spec = load_model_config(find_config(args.model), overrides)
+        token_scale = args.token_scale
+        if token_scale is None:
+            token_scale = spec.training.workload_token_scale
         if not token_scale > 0:
             raise ValueError(f"--token-scale must be positive, got {token_scale}")
-        shape = model_shape(sizes)
         calib = Calibration.load(args.calibration) if args.calibration else None
-        cost_model = CostModel.build(shape, calib)
+        cost_model = CostModel.build(spec.shape, calib)
         ranks, source = load_rank_samples(
             args.source, args.dp, args.samples_per_rank, args.seed, token_scale
         )

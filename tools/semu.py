@@ -50,6 +50,8 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from tool_args import find_config  # noqa: E402
+
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.workload import (  # noqa: E402
     WorkloadError,
@@ -67,8 +69,6 @@ from pipeweaver.semu.hardware import ClusterSpec  # noqa: E402
 from pipeweaver.semu.model import ModelConfigError, ModelSpec, load_model_config  # noqa: E402
 from pipeweaver.semu.simulator import Semu  # noqa: E402
 
-CONFIG_DIR = os.path.join(_REPO_ROOT, "scripts", "configs")
-
 
 def _fail(msg: str) -> NoReturn:
     print(f"error: {msg}", file=sys.stderr)
@@ -76,12 +76,10 @@ def _fail(msg: str) -> NoReturn:
 
 
 def _config_path(name: str) -> str:
-    if os.path.isfile(name):
-        return name
-    for cand in (os.path.join(CONFIG_DIR, name), os.path.join(CONFIG_DIR, f"{name}.json")):
-        if os.path.isfile(cand):
-            return cand
-    _fail(f"config not found: {name} (not a file, nor a config in {CONFIG_DIR})")
+    try:
+        return find_config(name)
+    except FileNotFoundError as e:
+        _fail(str(e))
 
 
 def _kv(text: str, what: str) -> dict[str, str]:

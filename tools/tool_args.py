@@ -8,11 +8,31 @@ exit status :data:`EXIT_ERROR`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
 EXIT_ERROR = 2
 """Exit status for every user error, as argparse uses for bad arguments."""
+
+CONFIG_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "configs"
+)
+"""Where model and cluster configs live (``scripts/configs/README.md``)."""
+
+
+def find_config(name: str) -> str:
+    """The path of a config given as a file path or a name in :data:`CONFIG_DIR`.
+
+    Raises:
+        FileNotFoundError: neither exists; the message names both places.
+    """
+    if os.path.isfile(name):
+        return name
+    for cand in (os.path.join(CONFIG_DIR, name), os.path.join(CONFIG_DIR, f"{name}.json")):
+        if os.path.isfile(cand):
+            return cand
+    raise FileNotFoundError(f"config not found: {name} (not a file, nor a config in {CONFIG_DIR})")
 
 
 class ToolParser(argparse.ArgumentParser):

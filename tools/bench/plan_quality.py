@@ -39,7 +39,7 @@ for p in (_REPO, os.path.join(_REPO, "tools")):
         sys.path.insert(0, p)
 
 import numpy as np  # noqa: E402
-from balance_report import MODEL_PRESETS, model_shape  # noqa: E402
+from tool_args import find_config  # noqa: E402
 
 from orchestration.balance import balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
@@ -52,6 +52,7 @@ from orchestration.plan import (  # noqa: E402
     sample_phase_costs,
 )
 from orchestration.workload import WorkloadGenerator, WorkloadSpec, builtin_specs  # noqa: E402
+from pipeweaver.semu.model import load_model_config  # noqa: E402
 
 SAMPLES_PER_RANK = 8
 """Samples each DP rank loads."""
@@ -117,16 +118,16 @@ def bench_one(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dp", type=int, nargs="+", default=[8, 64, 512, 2560])
-    ap.add_argument("--model", default="cpu-main", choices=sorted(MODEL_PRESETS))
+    ap.add_argument("--model", default="cpu-main", help="model config (scripts/configs)")
     ap.add_argument("--specs", nargs="+", default=None, help="default: every built-in spec")
     ap.add_argument("--ilp-seconds", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--token-scale", type=float, default=None, help="default: the preset's")
+    ap.add_argument("--token-scale", type=float, default=None, help="default: the config's")
     ap.add_argument("--json", help="also write every number to this JSON file")
     args = ap.parse_args()
-    sizes = dict(MODEL_PRESETS[args.model])
-    scale = sizes.pop("token_scale") if args.token_scale is None else args.token_scale
-    cost_model = CostModel.build(model_shape(sizes))
+    spec = load_model_config(find_config(args.model))
+    scale = spec.training.workload_token_scale if args.token_scale is None else args.token_scale
+    cost_model = CostModel.build(spec.shape)
     rows = []
     for spec in args.specs or builtin_specs():
         gen = WorkloadGenerator(WorkloadSpec.load(spec), seed=0, token_scale=scale)
