@@ -213,15 +213,7 @@ class Dispatcher:
         if not self.node_wise:
             send_sizes = [int(c) for c in counts[self.rank]]
             recv_sizes = [int(c) for c in counts[:, self.rank]]
-            recv = rows.new_empty((sum(recv_sizes), *rows.shape[1:]))
-            dist.all_to_all_single(
-                recv,
-                rows.contiguous(),
-                output_split_sizes=recv_sizes,
-                input_split_sizes=send_sizes,
-                group=self.group,
-            )
-            return recv
+            return self._all_to_all(rows, send_sizes, recv_sizes)
         held = {}  # (src, dst) -> the block of rows this rank holds now
         offset = 0
         for d in range(self.world):
@@ -236,14 +228,7 @@ class Dispatcher:
             recv_blocks = [hop.blocks[p][self.rank] for p in range(self.world)]
             recv_sizes = [sum(int(counts[b]) for b in recv_blocks[p]) for p in range(self.world)]
             send = torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
-            recv = rows.new_empty((sum(recv_sizes), *rows.shape[1:]))
-            dist.all_to_all_single(
-                recv,
-                send.contiguous(),
-                output_split_sizes=recv_sizes,
-                input_split_sizes=send_sizes,
-                group=self.group,
-            )
+            recv = self._all_to_all(send, send_sizes, recv_sizes)
             held = {}
             offset = 0
             for p in range(self.world):
@@ -253,6 +238,20 @@ class Dispatcher:
                     offset += n
         parts = [held[(s, self.rank)] for s in range(self.world) if counts[s, self.rank] > 0]
         return torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
+
+    def _all_to_all(
+        self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]
+    ) -> torch.Tensor:
+        """One variable-size all-to-all of rows over the group."""
+        recv = send.new_empty((sum(recv_sizes), *send.shape[1:]))
+        dist.all_to_all_single(
+            recv,
+            send.contiguous(),
+            output_split_sizes=recv_sizes,
+            input_split_sizes=send_sizes,
+            group=self.group,
+        )
+        return recv
 
     def exchange_autograd(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
         """:meth:`exchange`, differentiable: the backward sends gradients back the same way."""
