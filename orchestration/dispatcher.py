@@ -15,19 +15,24 @@ Two exchange algorithms, with identical results:
   goes straight to its destination in the first hop. With ``n`` nodes of ``g`` ranks this turns
   up to ``(n g)^2`` small inter-node messages into at most ``n (n - 1)`` larger ones.
 
-:class:`Exchange` is autograd-aware: its backward runs the transposed exchange, so gradients of
-encoder outputs travel back to the ranks that computed them.
+With ``differentiable=True`` the all-to-all is autograd-aware: its backward runs the transposed
+exchange, so gradients of encoder outputs travel back to the ranks that computed them.
+:meth:`Dispatcher.move` carries out one :class:`~orchestration.routing.Route` of a plan;
+:meth:`Dispatcher.gather_metadata` is the all-gather every plan starts from.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from orchestration.metadata import GatheredMetadata, encode_rank_metadata
+from orchestration.routing import Route, row_index
+from orchestration.workload import SampleMeta
 
 
 class PlanDigestMismatch(RuntimeError):
@@ -155,6 +160,16 @@ class Dispatcher:
         dist.all_gather(out, padded, group=self.group)
         return [o[: int(n)].cpu().numpy() for o, n in zip(out, sizes)]
 
+    def gather_metadata(self, local: Sequence[tuple[int, SampleMeta]]) -> GatheredMetadata:
+        """All-gather every DP rank's sample metadata and ids: the table every plan starts from.
+
+        Args:
+            local: this rank's (stream index, metadata) pairs, in loading order.
+        """
+        flat = self.all_gather_arrays(encode_rank_metadata(local))
+        ids = self.all_gather_strings([meta.sample_id for _, meta in local])
+        return GatheredMetadata.from_flat(flat, sample_ids=ids)
+
     def all_gather_strings(self, local: Sequence[str]) -> list[str]:
         """Every rank's strings (sample ids), concatenated in group rank order."""
         gathered: list[Any] = [None] * self.world
@@ -189,18 +204,39 @@ class Dispatcher:
                 "saw different sample metadata, or planned with different flags"
             )
 
-    def exchange(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
-        """Send rows to their destinations; no autograd.
+    def move(self, route: Route, local_rows: torch.Tensor, local_sizes: np.ndarray,
+             differentiable: bool = False) -> torch.Tensor:  # fmt: skip
+        """Send each local item's rows where ``route`` says; return the arrivals.
+
+        Args:
+            route: the plan's route for this exchange.
+            local_rows: this rank's items' rows back to back, in its source-list order.
+            local_sizes: rows of each local item.
+            differentiable: let gradients of the arrivals flow back the same way.
+
+        Returns:
+            The rows received, in arrival order (:meth:`Route.arrival_order`).
+        """
+        idx = row_index(route.send_index(self.rank), local_sizes)
+        send = local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
+        return self.all_to_all(send, route.rows_matrix(), differentiable)
+
+    def all_to_all(self, rows: torch.Tensor, counts: np.ndarray,
+                   differentiable: bool = False) -> torch.Tensor:  # fmt: skip
+        """Send rows to their destinations.
 
         Args:
             rows: this rank's rows, ordered by destination rank (``counts[me, d]`` rows for
                 each ``d`` in turn).
             counts: ``[world, world]`` rows from src to dst, identical on every rank.
+            differentiable: the backward sends gradients back the same way (transposed).
 
         Returns:
             The rows received, ordered by source rank (``counts[s, me]`` rows per ``s``).
         """
         counts = np.asarray(counts, dtype=np.int64)
+        if differentiable:
+            return _AllToAll.apply(rows, self, counts)
         if counts.shape != (self.world, self.world):
             raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
         if rows.shape[0] != counts[self.rank].sum():
@@ -213,7 +249,7 @@ class Dispatcher:
         if not self.node_wise:
             send_sizes = [int(c) for c in counts[self.rank]]
             recv_sizes = [int(c) for c in counts[:, self.rank]]
-            return self._all_to_all(rows, send_sizes, recv_sizes)
+            return self._all_to_all_single(rows, send_sizes, recv_sizes)
         held = {}  # (src, dst) -> the block of rows this rank holds now
         offset = 0
         for d in range(self.world):
@@ -228,7 +264,7 @@ class Dispatcher:
             recv_blocks = [hop.blocks[p][self.rank] for p in range(self.world)]
             recv_sizes = [sum(int(counts[b]) for b in recv_blocks[p]) for p in range(self.world)]
             send = torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
-            recv = self._all_to_all(send, send_sizes, recv_sizes)
+            recv = self._all_to_all_single(send, send_sizes, recv_sizes)
             held = {}
             offset = 0
             for p in range(self.world):
@@ -239,7 +275,7 @@ class Dispatcher:
         parts = [held[(s, self.rank)] for s in range(self.world) if counts[s, self.rank] > 0]
         return torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
 
-    def _all_to_all(
+    def _all_to_all_single(
         self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]
     ) -> torch.Tensor:
         """One variable-size all-to-all of rows over the group."""
@@ -253,28 +289,17 @@ class Dispatcher:
         )
         return recv
 
-    def exchange_autograd(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
-        """:meth:`exchange`, differentiable: the backward sends gradients back the same way."""
-        return _Exchange.apply(rows, self, np.asarray(counts, dtype=np.int64))
 
-
-class _Exchange(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
     """All-to-all whose backward is the transposed all-to-all."""
 
     @staticmethod
     def forward(ctx, rows, dispatcher: Dispatcher, counts: np.ndarray):
         ctx.dispatcher = dispatcher
         ctx.counts = counts
-        return dispatcher.exchange(rows.detach(), counts)
+        return dispatcher.all_to_all(rows.detach(), counts)
 
     @staticmethod
     def backward(ctx, grad):
-        back = ctx.dispatcher.exchange(grad.contiguous(), ctx.counts.T.copy())
+        back = ctx.dispatcher.all_to_all(grad.contiguous(), ctx.counts.T.copy())
         return back, None, None
-
-
-def digest_of(*parts: Any) -> str:
-    """A stable sha256 of nested lists/tuples/dicts of ints, floats and strings."""
-    h = hashlib.sha256()
-    h.update(repr(parts).encode())
-    return h.hexdigest()

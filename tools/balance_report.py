@@ -84,20 +84,11 @@ from orchestration.balance import InfeasibleCapError, balance, max_over_mean  # 
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
-from orchestration.plan import (  # noqa: E402
-    GatheredMetadata,
-    phase_items,
-    plan_iteration,
-    sample_phase_costs,
-)
-from orchestration.workload import (  # noqa: E402
-    PHASES,
-    SampleMeta,
-    WorkloadError,
-    WorkloadGenerator,
-    WorkloadSpec,
-    read_jsonl,
-)
+from orchestration.metadata import GatheredMetadata, phase_items  # noqa: E402
+from orchestration.phase_plan import plan_iteration  # noqa: E402
+from orchestration.sample_plan import sample_phase_costs  # noqa: E402
+from orchestration.workload import PHASES, SampleMeta, WorkloadError, read_jsonl
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.semu.model import load_model_config  # noqa: E402
 
 ALGORITHMS = ("none", "sample-lpt", "lpt", "kk", "kk+refine", "auto")

@@ -53,12 +53,8 @@ if _REPO_ROOT not in sys.path:
 from tool_args import find_config  # noqa: E402
 
 from orchestration.calibration import Calibration  # noqa: E402
-from orchestration.workload import (  # noqa: E402
-    WorkloadError,
-    WorkloadGenerator,
-    WorkloadSpec,
-    read_jsonl,
-)
+from orchestration.workload import WorkloadError, read_jsonl
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.checker import check  # noqa: E402
 from pipeweaver.interleave import flops_durations, greedy_dual_queue  # noqa: E402
 from pipeweaver.ir import Memory, Placement, ScheduleError  # noqa: E402

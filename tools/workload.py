@@ -52,15 +52,14 @@ if _REPO_ROOT not in sys.path:
 
 from tool_args import EXIT_ERROR, ToolParser, nonneg_int, positive_float, positive_int  # noqa: E402
 
-from orchestration.workload import (  # noqa: E402
+from orchestration.workload import (
     ENCODER_OF_MODALITY,
     SampleMeta,
     WorkloadError,
-    WorkloadGenerator,
-    WorkloadSpec,
     read_jsonl,
     write_jsonl,
 )
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from orchestration.workload_stats import ALL_MODALITIES, SHARE_STATS, workload_stats  # noqa: E402
 
 DEFAULT_NUM_SAMPLES = 10000

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from orchestration.workload import DEFAULT_WORKLOAD
+from orchestration.workload_spec import DEFAULT_WORKLOAD
 
 
 class ConfigError(ValueError):

@@ -38,16 +38,12 @@ from megatron.mllm.batch import SamplePayload, build_microbatch
 from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.plan import (
-    Exchange,
-    GatheredMetadata,
-    encode_rank_metadata,
-    form_microbatches,
-    phase_items,
-    plan_iteration,
-    plan_whole_samples,
-    row_index,
-)
+from orchestration.metadata import GatheredMetadata, encode_rank_metadata, phase_items
+from orchestration.microbatches import form_microbatches
+from orchestration.phase_plan import plan_iteration
+from orchestration.routing import Route as Exchange
+from orchestration.routing import row_index
+from orchestration.sample_plan import plan_whole_samples
 from orchestration.workload import MODALITIES, Item, SampleMeta
 
 POST_BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
@@ -127,8 +123,8 @@ class PostBalancer:
         idx = row_index(ex.send_index(self.me), local_sizes)
         send = local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
         if autograd:
-            return self.dispatcher.exchange_autograd(send, ex.rows_matrix())
-        return self.dispatcher.exchange(send, ex.rows_matrix())
+            return self.dispatcher.all_to_all(send, ex.rows_matrix(), differentiable=True)
+        return self.dispatcher.all_to_all(send, ex.rows_matrix())
 
     # ---------------------------------------------------------------------- PP = 1
 

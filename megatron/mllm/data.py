@@ -20,14 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
-from orchestration.workload import (
-    ENCODER_OF_MODALITY,
-    SampleMeta,
-    WorkloadError,
-    WorkloadGenerator,
-    WorkloadSpec,
-    read_jsonl,
-)
+from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta, WorkloadError, read_jsonl
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 BOS_TOKEN = 1
 """Token that opens every sample."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from orchestration.model_shape import ModelShape, TransformerShape
-from orchestration.workload import DEFAULT_WORKLOAD
+from orchestration.workload_spec import DEFAULT_WORKLOAD
 
 # Megatron-LM's and OrchWeave's defaults for the flags that change costs.
 _DEFAULTS: dict[str, Any] = {

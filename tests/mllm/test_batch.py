@@ -181,22 +181,6 @@ def test_jsonl_source_cycles_and_reports_malformed_lines(tmp_path):
         SampleSource(str(tmp_path / "missing.jsonl"))
 
 
-def test_gathered_metadata_rebuilds_every_sample():
-    from megatron.mllm.balanced import sample_from_table
-    from orchestration.plan import GatheredMetadata
-    from orchestration.workload import WorkloadGenerator, WorkloadSpec
-
-    gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=3, token_scale=0.03125)
-    ranks = [[(k, gen.sample(k)) for k in range(r * 7, r * 7 + 7)] for r in range(3)]
-    md = GatheredMetadata.from_rank_samples(ranks)
-    flat = [meta for rank in ranks for _, meta in rank]
-    for s, meta in enumerate(flat):
-        rebuilt = sample_from_table(md, s, meta.sample_id)
-        assert rebuilt == SampleMeta(
-            meta.sample_id, meta.text_tokens, meta.image, meta.audio, meta.video
-        )
-
-
 @given(st.lists(samples, min_size=1, max_size=4), st.sampled_from([None, 1, 6, 15, 40]))
 @settings(max_examples=40, deadline=None)
 def test_semu_sees_the_subs_the_runtime_builds(metas, sub_tokens):

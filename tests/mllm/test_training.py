@@ -10,7 +10,7 @@ import pytest
 from equivalence import TINY, assert_equivalent
 from launch import REPO, check, main_job, torchrun
 
-from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 pytestmark = pytest.mark.multiproc
 

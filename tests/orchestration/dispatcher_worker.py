@@ -42,12 +42,12 @@ def main() -> None:
         x = rows_for(rank, counts)
         want = expected_for(rank, counts)
         for disp in (direct, nodewise):
-            got = disp.exchange(x, counts)
+            got = disp.all_to_all(x, counts)
             assert torch.equal(got, want), (trial, rank, got, want)
         # autograd: the backward of y = exchange(x) under loss sum(w * y) returns w to its source
         for disp in (direct, nodewise):
             xg = x.clone().requires_grad_(True)
-            y = disp.exchange_autograd(xg, counts)
+            y = disp.all_to_all(xg, counts, differentiable=True)
             w = y[:, 3:4] * 2.0 + 1.0
             (y * w.detach()).sum().backward()
             assert torch.equal(xg.grad, (x[:, 3:4] * 2.0 + 1.0).expand_as(x)), (trial, rank)
@@ -60,7 +60,7 @@ def main() -> None:
     assert names == [f"s{r}-{i}" for r in range(world) for i in range(r)]
     counts = np.full((world, world), 2)
     direct.reset_counters()
-    direct.exchange(rows_for(rank, counts), counts)
+    direct.all_to_all(rows_for(rank, counts), counts)
     assert direct.bytes_moved == 2 * (world * world - world) * 4 * 8
     direct.check_digest("same")
     try:

@@ -21,14 +21,11 @@ import numpy as np
 from orchestration.balance import InfeasibleCapError
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
-from orchestration.plan import (
-    GatheredMetadata,
-    encode_rank_metadata,
-    form_microbatches,
-    plan_iteration,
-    plan_whole_samples,
-)
-from orchestration.workload import WorkloadGenerator, WorkloadSpec, builtin_specs
+from orchestration.metadata import GatheredMetadata, encode_rank_metadata
+from orchestration.microbatches import form_microbatches
+from orchestration.phase_plan import plan_iteration
+from orchestration.sample_plan import plan_whole_samples
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs
 from pipeweaver.semu.model import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]

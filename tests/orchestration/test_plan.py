@@ -22,20 +22,14 @@ from hypothesis import strategies as st
 
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
+from orchestration.metadata import GatheredMetadata, PlanError, encode_rank_metadata, phase_items
+from orchestration.microbatches import form_microbatches
 from orchestration.model_shape import ModelShape, TransformerShape
-from orchestration.plan import (
-    Exchange,
-    GatheredMetadata,
-    PlanError,
-    check_digests,
-    encode_rank_metadata,
-    form_microbatches,
-    phase_items,
-    plan_iteration,
-    plan_whole_samples,
-    row_index,
-)
-from orchestration.workload import Item, SampleMeta, WorkloadGenerator, WorkloadSpec
+from orchestration.phase_plan import check_digests, plan_iteration
+from orchestration.routing import Route, row_index
+from orchestration.sample_plan import plan_whole_samples
+from orchestration.workload import Item, SampleMeta
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "balance_report.py"
@@ -92,7 +86,7 @@ def _generated(dp: int, per_rank: int, spec: str = "omni-three-modality", scale:
 # All-to-all simulation
 
 
-def all_to_all(ex: Exchange, src_lists: list[list]) -> list[list]:
+def all_to_all(ex: Route, src_lists: list[list]) -> list[list]:
     """Deliver every rank's list through ``ex``; checks counts on both sides."""
     R = ex.num_ranks
     chunks = [[[] for _ in range(R)] for _ in range(R)]
@@ -415,3 +409,15 @@ def test_balance_report_bad_input_is_one_error_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: workload spec not found")
+
+
+def test_gathered_metadata_rebuilds_every_sample():
+    gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=3, token_scale=0.03125)
+    ranks = [[(k, gen.sample(k)) for k in range(r * 7, r * 7 + 7)] for r in range(3)]
+    md = GatheredMetadata.from_rank_samples(ranks)
+    flat = [meta for rank in ranks for _, meta in rank]
+    for s, meta in enumerate(flat):
+        rebuilt = md.sample_meta(s)
+        assert rebuilt == SampleMeta(
+            meta.sample_id, meta.text_tokens, meta.image, meta.audio, meta.video
+        )

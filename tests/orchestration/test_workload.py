@@ -26,17 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestration.workload import (
-    Item,
-    SampleMeta,
-    WorkloadError,
-    WorkloadGenerator,
-    WorkloadSpec,
-    builtin_specs,
-    draw,
-    read_jsonl,
-    write_jsonl,
-)
+from orchestration.workload import Item, SampleMeta, WorkloadError, read_jsonl, write_jsonl
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs, draw
 from orchestration.workload_stats import workload_stats
 
 REPO = Path(__file__).resolve().parents[2]

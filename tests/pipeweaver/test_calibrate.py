@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestration.calibration import Calibration
-from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.ir import Placement
 from pipeweaver.schedules import generate
 from pipeweaver.semu.batches import step_microbatches, structure_of

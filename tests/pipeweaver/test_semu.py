@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestration.calibration import Calibration, LayerTimeModel
-from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.checker import check
 from pipeweaver.ir import Kind, MicrobatchStructure, Placement
 from pipeweaver.schedules import dataflow, generate, interleaved_one_f_one_b, one_f_one_b

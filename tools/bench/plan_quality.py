@@ -44,14 +44,10 @@ from tool_args import find_config  # noqa: E402
 from orchestration.balance import balance, max_over_mean  # noqa: E402
 from orchestration.bounds import lower_bound  # noqa: E402
 from orchestration.cost_model import CostModel  # noqa: E402
-from orchestration.plan import (  # noqa: E402
-    GatheredMetadata,
-    encode_rank_metadata,
-    phase_items,
-    plan_iteration,
-    sample_phase_costs,
-)
-from orchestration.workload import WorkloadGenerator, WorkloadSpec, builtin_specs  # noqa: E402
+from orchestration.metadata import GatheredMetadata, encode_rank_metadata, phase_items  # noqa: E402
+from orchestration.phase_plan import plan_iteration  # noqa: E402
+from orchestration.sample_plan import sample_phase_costs  # noqa: E402
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs  # noqa: E402
 from pipeweaver.semu.model import load_model_config  # noqa: E402
 
 SAMPLES_PER_RANK = 8

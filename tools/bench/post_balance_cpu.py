@@ -26,9 +26,10 @@ from cpu_runs import run_main_job, summarize
 
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
+from orchestration.metadata import GatheredMetadata
 from orchestration.packing import microbatch_indices
-from orchestration.plan import GatheredMetadata, plan_iteration
-from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from orchestration.phase_plan import plan_iteration
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.semu.model import load_model_config
 
 MEGATRON = ["--pipeline-model-parallel-size", "1", "--pipeline-schedule", "megatron"]

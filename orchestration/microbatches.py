@@ -1,0 +1,125 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Microbatches of one rank's samples: balanced in predicted cost, within the packing limit.
+
+Pure numpy. After balancing, a rank holds a list of samples; :func:`form_microbatches` cuts it
+into microbatches whose predicted costs are balanced (so the pipeline's microbatches take about
+the same time) and whose packed length stays within ``--micro-batch-size x --seq-length``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from orchestration.balance import DEFAULT_BUDGET, InfeasibleCapError, WorkBudget, balance
+
+@dataclass(frozen=True, slots=True)
+class MicrobatchPlan:
+    """A rank's samples cut into microbatches balanced in cost, each within the packing limit."""
+
+    microbatches: tuple[tuple[int, ...], ...]
+    """Per microbatch, indices into the rank's sample list, ascending; microbatches ordered by
+    their first index."""
+
+    loads: np.ndarray
+    """(M,) predicted cost of each microbatch."""
+
+    tokens: np.ndarray
+    """(M,) packed tokens of each microbatch."""
+
+    requested: int
+    """The number of microbatches asked for; ``len(microbatches)`` is larger when the packing
+    limit required it, or smaller when there were fewer samples."""
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches formed."""
+        return len(self.microbatches)
+
+
+def form_microbatches(
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    num_microbatches: int,
+    max_tokens: int | None,
+    *,
+    labels: Sequence[str] | None = None,
+    algorithm: str = "auto",
+    budget: WorkBudget = DEFAULT_BUDGET,
+) -> MicrobatchPlan:
+    """Cut one rank's samples into microbatches: balanced cost, packed length <= ``max_tokens``.
+
+    Starts from ``max(num_microbatches, ceil(total tokens / max_tokens))`` microbatches (never
+    more than samples) and adds one at a time while the balancer cannot meet the limit. Empty
+    microbatches never occur. Deterministic.
+
+    Args:
+        costs: (n,) predicted cost of each sample (any phase mix; e.g. ``SamplePlan.costs``).
+        tokens: (n,) packed LLM tokens of each sample.
+        num_microbatches: the count wanted (e.g. the baseline's).
+        max_tokens: the sequence packing limit; None for none.
+        labels: names samples in errors.
+
+    Raises:
+        InfeasibleCapError: a sample alone exceeds ``max_tokens`` (named).
+    """
+    c = np.asarray(costs, dtype=np.float64)
+    t = np.asarray(tokens, dtype=np.int64)
+    n = c.size
+    if n == 0:
+        return MicrobatchPlan((), np.zeros(0), np.zeros(0, dtype=np.int64), int(num_microbatches))
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    m = int(num_microbatches)
+    if max_tokens is not None:
+        big = np.flatnonzero(t > max_tokens)
+        if big.size:
+            i = int(big[0])
+            name = labels[i] if labels is not None else f"sample {i}"
+            raise InfeasibleCapError(
+                f"{name} has {int(t[i])} tokens, more than the packing limit {max_tokens}",
+                item=i,
+                label=name,
+                size=int(t[i]),
+                cap=int(max_tokens),
+            )
+        m = max(m, -(-int(t.sum()) // int(max_tokens)))
+    m = min(m, n)
+    while True:
+        try:
+            res = balance(
+                c,
+                m,
+                algorithm=algorithm,
+                sizes=t if max_tokens is not None else None,
+                cap=max_tokens,
+                labels=labels,
+                budget=budget,
+            )
+            break
+        except InfeasibleCapError:
+            if m >= n:
+                raise
+            m += 1
+    bins = _fill_empty(res.bins.copy(), c, m)
+    groups = [np.flatnonzero(bins == b) for b in range(m)]
+    groups.sort(key=lambda g: int(g[0]))
+    mbs = tuple(tuple(int(i) for i in g) for g in groups)
+    loads = np.array([float(c[list(g)].sum()) for g in mbs])
+    toks = np.array([int(t[list(g)].sum()) for g in mbs], dtype=np.int64)
+    return MicrobatchPlan(mbs, loads, toks, int(num_microbatches))
+
+
+def _fill_empty(bins: np.ndarray, costs: np.ndarray, m: int) -> np.ndarray:
+    """Give every empty microbatch the cheapest sample of the fullest one (m <= n)."""
+    counts = np.bincount(bins, minlength=m)
+    for b in np.flatnonzero(counts == 0).tolist():
+        donor = int(np.argmax(counts))
+        members = np.flatnonzero(bins == donor)
+        i = int(members[np.lexsort((members, costs[members]))[0]])
+        bins[i] = b
+        counts[donor] -= 1
+        counts[b] += 1
+    return bins

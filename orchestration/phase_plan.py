@@ -1,0 +1,379 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Per-phase balance plans (PP = 1): every encoder phase and the LLM phase get their own plan.
+
+Pure numpy; no collectives. Every rank computes the same plan from the same all-gathered
+metadata (:mod:`orchestration.metadata`) and compares digests. :func:`plan_iteration` returns
+an :class:`IterationPlan`: one :class:`PhasePlan` per phase (each encoder, then the LLM), whose
+``dispatch`` route takes every item from the rank that loaded it to the rank that computes it,
+and per encoder the route that takes the encoder's outputs straight to the LLM-phase worker of
+their sample (:mod:`orchestration.routing`).
+
+Usage on DP rank ``me`` (the dispatcher does the collectives)::
+
+    md = dispatcher.gather_metadata(local_samples)          # GatheredMetadata, all ranks
+    plan = plan_iteration(md, CostModel.build(shape, calibration), algorithm="auto",
+                          caps={"vision": 65536}, gpus_per_node=8)
+    dispatcher.check_digest(plan.digest)
+    for phase in plan.phases:                               # "vision", "audio", then "llm"
+        sizes = phase.items.tokens[phase.dispatch.src_items(me)]   # my local items' rows
+        got = dispatcher.move(phase.dispatch, payload, sizes)      # my destination list
+    out = dispatcher.move(plan.to_llm["vision"], hidden, sizes, autograd=True)
+    rows = plan.encoder_arrivals("vision", me)              # arrival -> destination order
+    mb = form_microbatches(llm.costs[mine], llm.items.tokens[mine], num_microbatches,
+                           max_tokens=micro_batch_size * seq_length)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from orchestration.balance import (
+    DEFAULT_BUDGET,
+    TIE_SLACK,
+    BalanceResult,
+    WorkBudget,
+    balance,
+    balance_padded,
+    max_over_mean,
+)
+from orchestration.cost_model import CostModel, PhaseCostModel
+from orchestration.locality import map_bins_to_ranks
+from orchestration.metadata import GatheredMetadata, PhaseItems, PlanError, as_metadata, phase_items
+from orchestration.routing import Route, dst_positions, exclusive_cumsum, row_index
+from orchestration.workload import PHASES, SampleMeta
+
+PLAN_VERSION = b"orchweave-plan-v1"
+"""Prefix of every plan digest."""
+
+
+class PlannedLoads:
+    """Imbalance of a plan's per-rank loads, before and after (a mixin of the plan types)."""
+
+    __slots__ = ()
+
+    @property
+    def imbalance_before(self) -> float:
+        """Max over mean load without balancing."""
+        return max_over_mean(self.loads_before)
+
+    @property
+    def imbalance_after(self) -> float:
+        """Max over mean load with the plan."""
+        return max_over_mean(self.loads_after)
+
+
+@dataclass(frozen=True)
+class EncoderArrivals:
+    """Where an encoder's outputs land on one LLM-phase worker, row by row."""
+
+    order: np.ndarray
+    """(rows,) for each row of the worker's destination list (per sample, its units in order),
+    the row of the receive buffer that holds it."""
+
+    sample_rows: Mapping[int, tuple[int, int]]
+    """Global sample index -> its ``[start, stop)`` rows in the destination list."""
+
+@dataclass(frozen=True, slots=True)
+class PhasePlan(PlannedLoads):
+    """The balanced assignment of one phase's items, and the exchange that carries it out."""
+
+    phase: str
+    """"vision", "audio" or "llm"."""
+
+    items: PhaseItems
+    """The items, in canonical order."""
+
+    costs: np.ndarray
+    """(n,) predicted cost of each item."""
+
+    dispatch: Route
+    """Owner -> worker: inputs (pixels, features, token ids) go to the rank computing them;
+    its transpose brings outputs or gradients back."""
+
+    loads_before: np.ndarray
+    """(R,) predicted phase cost of each rank without balancing."""
+
+    loads_after: np.ndarray
+    """(R,) predicted phase cost of each rank with this plan."""
+
+    algorithm: str
+    """The algorithm whose assignment was kept ("ordinary" when nothing beat it)."""
+
+    lower_bound: float
+    """Combinatorial lower bound on the optimal max load (``orchestration.bounds``)."""
+
+    unit: str
+    """Unit of costs and loads: "flops" or "seconds"."""
+
+    @property
+    def moved_fraction(self) -> float:
+        """Fraction of items that change rank."""
+        return self.dispatch.moved_items / self.items.size if self.items.size else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IterationPlan:
+    """Every phase's plan for one iteration (PP = 1), and the digest ranks compare."""
+
+    num_ranks: int
+    """DP ranks."""
+
+    phases: tuple[PhasePlan, ...]
+    """Per phase, in iteration order: encoders, then the LLM."""
+
+    to_llm: Mapping[str, Route]
+    """Per encoder phase: encoder worker -> LLM-phase worker of the unit's sample. Source list
+    = the encoder worker's destination list; destination list = for each sample of the LLM
+    worker (in its order), the sample's units of this encoder in order. ``rows`` = encoder
+    tokens (hidden states before pooling); ``.with_rows(phase.items.out_tokens)`` gives the
+    projected rows' sizes when pooling runs per unit on the encoder worker."""
+
+    metadata_digest: str
+    """:meth:`GatheredMetadata.digest` of the input."""
+
+    digest: str
+    """sha256 of the metadata digest and every phase's destinations: equal on every rank."""
+
+    def phase(self, name: str) -> PhasePlan:
+        """The plan of one phase."""
+        for p in self.phases:
+            if p.phase == name:
+                return p
+        raise KeyError(f"no plan for phase {name!r}; have {[p.phase for p in self.phases]}")
+
+    def encoder_arrivals(self, encoder: str, rank: int) -> EncoderArrivals:
+        """How ``rank``'s receive buffer of ``to_llm[encoder]`` maps to its destination list."""
+        route = self.to_llm[encoder]
+        order = route.arrival_order(rank)
+        rows = route.rows[order]
+        by_dst = np.argsort(route.dst_pos[order], kind="stable")
+        sample = self.phase(encoder).items.sample
+        offsets: dict[int, tuple[int, int]] = {}
+        start = 0
+        for item, n in zip(order[by_dst].tolist(), rows[by_dst].tolist()):
+            s = int(sample[item])
+            a, b = offsets.get(s, (start, start))
+            offsets[s] = (a, b + n)
+            start += n
+        return EncoderArrivals(row_index(by_dst, rows), offsets)
+
+    def check_digest(self, other_digests: Sequence[str]) -> None:
+        """Raise :class:`PlanError` when another rank's digest differs from ours."""
+        check_digests([self.digest, *other_digests])
+
+
+def check_digests(digests: Sequence[str]) -> None:
+    """Raise :class:`PlanError` naming the ranks whose plan digest differs from rank 0's."""
+    bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    if bad:
+        raise PlanError(
+            f"plan digests differ across ranks: rank 0 has {digests[0][:16]}..., ranks {bad} "
+            f"have {sorted({digests[r][:16] for r in bad})}: the gathered metadata or the "
+            f"planner's inputs differ between ranks"
+        )
+
+
+def plan_iteration(
+    metadata: GatheredMetadata | Sequence[Sequence[tuple[int, SampleMeta]]],
+    cost_model: CostModel,
+    *,
+    algorithm: str = "auto",
+    phases: Iterable[str] | None = None,
+    caps: Mapping[str, int] | None = None,
+    gpus_per_node: int = 8,
+    bytes_per_token: Mapping[str, float] | None = None,
+    budget: WorkBudget = DEFAULT_BUDGET,
+    slack: float = TIE_SLACK,
+) -> IterationPlan:
+    """Plan every phase of one iteration in per-phase mode (PP = 1).
+
+    Args:
+        metadata: the gathered metadata, or every rank's (stream index, metadata) pairs.
+        cost_model: per-phase costs; its phases are the phases planned.
+        algorithm: "none" (everything stays with its owner) or a name of
+            ``orchestration.balance.ALGORITHMS``.
+        phases: phases to balance (default all); the others keep the ordinary assignment.
+        caps: per phase, the largest summed tokens per rank (memory).
+        gpus_per_node: ranks per node, for the node-aware locality mapping.
+        bytes_per_token: per phase, payload bytes per token moved (pixels, features, ids), to
+            weigh locality; default 1 (tokens).
+        budget: deterministic work limits of the algorithms.
+        slack: relative max-load slack traded for fewer moved items (see
+            ``orchestration.balance.balance``).
+
+    Raises:
+        InfeasibleCapError: a cap cannot be met (names the sample).
+        PlanError: the data has items of a phase the model lacks.
+    """
+    md = as_metadata(metadata)
+    R = md.num_ranks
+    chosen = set(cost_model.phase_order if phases is None else phases)
+    unknown = chosen - set(cost_model.phase_order)
+    if unknown:
+        raise PlanError(
+            f"cannot balance phases {sorted(unknown)}: the model has {list(cost_model.phase_order)}"
+        )
+    plans = []
+    for phase in PHASES:
+        items = phase_items(md, phase)
+        if phase not in cost_model:
+            if items.size:
+                raise PlanError(
+                    f"the data has {items.size} {phase} units but the model has no {phase} encoder"
+                )
+            continue
+        alg = algorithm if phase in chosen else "none"
+        plans.append(
+            _plan_phase(
+                md,
+                items,
+                cost_model[phase],
+                alg,
+                (caps or {}).get(phase),
+                gpus_per_node,
+                (bytes_per_token or {}).get(phase, 1.0),
+                budget,
+                slack,
+            )
+        )
+    llm = next((p for p in plans if p.phase == "llm"), None)
+    if llm is None:
+        raise PlanError(
+            "the cost model has no 'llm' phase: encoder outputs would have nowhere to go"
+        )
+    to_llm = {p.phase: _route_to_llm(p, llm, R) for p in plans if p.phase != "llm"}
+    mdig = md.digest()
+    h = hashlib.sha256(PLAN_VERSION)
+    h.update(mdig.encode())
+    for p in plans:
+        hash_route(h, p.phase, p.dispatch)
+    return IterationPlan(R, tuple(plans), to_llm, mdig, h.hexdigest())
+
+
+def hash_route(h, name: str, ex: Route) -> None:
+    """Add a route's destinations to a plan digest."""
+    h.update(name.encode() + b"\0")
+    h.update(np.int64(ex.size).tobytes())
+    h.update(np.ascontiguousarray(ex.dst, dtype="<i4").tobytes())
+
+
+def _plan_phase(
+    md: GatheredMetadata,
+    items: PhaseItems,
+    model: PhaseCostModel,
+    algorithm: str,
+    cap: int | None,
+    gpus_per_node: int,
+    bytes_per_token: float,
+    budget: WorkBudget,
+    slack: float,
+) -> PhasePlan:
+    R = md.num_ranks
+    costs = model.item_costs(items.tokens, items.out_tokens)
+    owner = items.owner
+    labels = item_labeler(md, items)
+    if model.padded:
+        dst, before, after, alg = _plan_padded(
+            items, model, R, algorithm, cap, gpus_per_node, bytes_per_token, labels
+        )
+        lb = float(after.max()) if after.size and alg != "none" else 0.0
+    else:
+        alg_name = "ordinary" if algorithm == "none" else algorithm
+        result: BalanceResult = balance(
+            costs,
+            R,
+            algorithm=alg_name,
+            sizes=items.tokens if cap is not None else None,
+            cap=cap,
+            owners=owner,
+            item_bytes=items.tokens * float(bytes_per_token),
+            gpus_per_node=gpus_per_node,
+            labels=labels,
+            budget=budget,
+            slack=slack,
+        )
+        dst = result.bins
+        before = result.ordinary_loads
+        after = result.loads
+        alg = result.algorithm
+        lb = result.lower_bound
+    dispatch = Route(R, owner, items.src_pos, dst, dst_positions(dst, R), items.tokens)
+    return PhasePlan(items.phase, items, costs, dispatch, before, after, alg, lb, model.unit)
+
+
+def item_labeler(md: GatheredMetadata, items: PhaseItems):
+    """How balancing errors name item ``i`` of a phase: its unit and sample."""
+    if items.phase == "llm":
+        return lambda i: md.sample_label(int(items.sample[i]))
+    return lambda i: (
+        f"{items.phase} unit {int(items.unit_in_sample[i])} of "
+        f"{md.sample_label(int(items.sample[i]))}"
+    )
+
+
+def _plan_padded(items, model, R, algorithm, cap, gpus_per_node, bytes_per_token, labels):
+    """Padded phase: exact contiguous-runs algorithm, then locality; keep the ordinary if better."""
+    lengths = items.tokens if model.pad_to is None else np.full(items.size, model.pad_to)
+    f = lambda L: model.linear * L + model.quadratic * L * L + model.const  # noqa: E731
+    before = _padded_loads(items.owner, lengths, R, f) + _proj_loads(items, model, items.owner, R)
+    if algorithm == "none" or items.size == 0:
+        return items.owner, before, before, "ordinary"
+    res = balance_padded(lengths, R, f, cap=cap, labels=labels)
+    mapping = map_bins_to_ranks(
+        res.bins, items.owner, items.tokens * float(bytes_per_token), R, gpus_per_node
+    )
+    dst = mapping.bin_to_rank[res.bins]
+    after = _padded_loads(dst, lengths, R, f) + _proj_loads(items, model, dst, R)
+    ordinary_ok = cap is None or _padded_sizes(items.owner, lengths, R).max() <= cap
+    if ordinary_ok and before.max() <= after.max():
+        return items.owner, before, before, "ordinary"
+    return dst, before, after, "padded-exact"
+
+
+def _padded_loads(ranks, lengths, R, f) -> np.ndarray:
+    counts = np.bincount(ranks, minlength=R)
+    longest = np.zeros(R)
+    np.maximum.at(longest, ranks, lengths.astype(np.float64))
+    return counts * np.where(counts > 0, f(longest), 0.0)
+
+
+def _padded_sizes(ranks, lengths, R) -> np.ndarray:
+    counts = np.bincount(ranks, minlength=R)
+    longest = np.zeros(R, dtype=np.int64)
+    np.maximum.at(longest, ranks, lengths.astype(np.int64))
+    return counts * longest
+
+
+def _proj_loads(items, model, ranks, R) -> np.ndarray:
+    if not model.per_output_token:
+        return np.zeros(R)
+    return model.per_output_token * np.bincount(ranks, weights=items.out_tokens, minlength=R)
+
+
+def _route_to_llm(enc: PhasePlan, llm: PhasePlan, R: int) -> Route:
+    """Encoder worker -> LLM worker of each unit's sample, in the LLM worker's sample order.
+
+    No sort: the LLM plan already orders every worker's samples, and a sample's units are
+    consecutive in canonical order, so each unit's place follows from counts.
+    """
+    s = enc.items.sample
+    S = llm.items.size
+    dst = llm.dispatch.dst[s]
+    # Every sample's rank in the destination-major order of all LLM workers' lists...
+    grank = exclusive_cumsum(np.bincount(llm.dispatch.dst, minlength=R))[llm.dispatch.dst]
+    grank += llm.dispatch.dst_pos
+    # ...gives where its run of units starts in the same order over all units...
+    per_sample = np.bincount(s, minlength=S)
+    by_rank = np.empty(S, dtype=np.int64)
+    by_rank[grank] = per_sample
+    unit_start = exclusive_cumsum(by_rank)[grank]
+    # ...and each unit's position in its worker's list.
+    pos = unit_start[s] + enc.items.unit_in_sample
+    dst_pos = pos - exclusive_cumsum(np.bincount(dst, minlength=R))[dst]
+    return Route(R, enc.dispatch.dst, enc.dispatch.dst_pos, dst, dst_pos, enc.items.tokens)
+
+
