@@ -75,20 +75,19 @@ def _refine_single(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.nda
 
 def _apply(prob, bins, loads, used, i: int, j: int, src: int, dst: int) -> None:
     """Move item ``i`` from ``src`` to ``dst`` and, if ``j >= 0``, item ``j`` back."""
-    q = prob.q
+    _move(prob, bins, loads, used, i, src, dst)
+    if j >= 0:
+        _move(prob, bins, loads, used, j, dst, src)
+
+
+def _move(prob, bins, loads, used, i: int, src: int, dst: int) -> None:
+    """Move item ``i`` from ``src`` to ``dst``, updating the loads and, with a cap, the sizes."""
     bins[i] = dst
-    loads[src] -= q[i]
-    loads[dst] += q[i]
+    loads[src] -= prob.q[i]
+    loads[dst] += prob.q[i]
     if used is not None:
         used[src] -= prob.sizes[i]
         used[dst] += prob.sizes[i]
-    if j >= 0:
-        bins[j] = src
-        loads[dst] -= q[j]
-        loads[src] += q[j]
-        if used is not None:
-            used[dst] -= prob.sizes[j]
-            used[src] += prob.sizes[j]
 
 
 def _refine_pairs(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.ndarray:
