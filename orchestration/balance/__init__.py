@@ -6,7 +6,7 @@ gets the same answer. The planner (``orchestration.plan``) calls :func:`balance`
 tools compare the individual algorithms through its ``algorithm`` argument. Public API:
 :func:`balance` (packed cost) -> :class:`BalanceResult`, :func:`balance_padded` (padded cost)
 -> :class:`PaddedResult`, :class:`InfeasibleCapError`, :class:`WorkBudget`, :func:`quantize`,
-:func:`max_over_mean`.
+:func:`max_over_mean`, and :func:`vector_lpt` (vector cost).
 
 Modules: ``problem`` (the quantised problem, budgets, errors, results), ``greedy`` (LPT),
 ``differencing`` (Karmarkar–Karp), ``local_search`` (refine, repair), ``exact`` (branch and
@@ -58,6 +58,11 @@ Problems
 * **Padded cost** (:func:`balance_padded`): a bin runs its items padded to its longest, so its
   load is ``count * f(max length)`` with ``f`` non-decreasing. Solved exactly; see there.
 
+* **Vector cost** (:func:`vector_lpt`): an item costs something in each of several components
+  (the pipeline stages of a DP group), and a bin's load is its largest summed component.
+  Sequential LPT on the float costs: items by decreasing total, each to the bin whose largest
+  component grows least. The whole-sample planner runs it for static pipeline layouts.
+
 Determinism
 -----------
 Costs are quantised to int64 (the largest item becomes ``2**bits``, ``bits <= QUANT_BITS``
@@ -86,6 +91,7 @@ result reports both, and the ordinary one is kept when nothing beats it (zero mo
 """
 
 from orchestration.balance.auto import ALGORITHMS, balance
+from orchestration.balance.greedy import vector_lpt
 from orchestration.balance.padded import PaddedResult, balance_padded
 from orchestration.balance.problem import (
     DEFAULT_BUDGET,
@@ -109,4 +115,5 @@ __all__ = [
     "balance_padded",
     "max_over_mean",
     "quantize",
+    "vector_lpt",
 ]

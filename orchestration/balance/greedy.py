@@ -1,15 +1,17 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Greedy balancing: exact LPT (longest processing time first), vectorised, with the cap.
+"""Greedy balancing: LPT (longest processing time first), with the cap.
 
-:mod:`orchestration.balance` (``lpt``) says why a round of ``k`` items at once makes the same
-choices as the sequential rule.
+:func:`lpt` is exact LPT on the quantised problem, vectorised; :mod:`orchestration.balance`
+(``lpt``) says why a round of ``k`` items at once makes the same choices as the sequential
+rule. :func:`vector_lpt` is sequential LPT for items with a cost per component (pipeline
+stage), minimising the largest component of the largest bin.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from orchestration.balance.problem import BalanceProblem, InfeasibleCapError
+from orchestration.balance.problem import BalanceProblem, InfeasibleCapError, Labels, item_label
 
 
 def lpt(
@@ -94,4 +96,69 @@ def lpt(
         if capped:
             used[chosen] += prob.sizes[items_j[:k]]
         j += k
+    return out
+
+
+def vector_lpt(
+    costs: np.ndarray,
+    num_bins: int,
+    *,
+    sizes: np.ndarray | None = None,
+    cap: int | None = None,
+    labels: Labels = None,
+) -> np.ndarray:
+    """LPT for vector costs: minimise the largest bin's largest component.
+
+    Item ``i`` costs ``costs[i, s]`` in each of ``S`` components (e.g. pipeline stages); a
+    bin's load is the per-component sum of its items, and its bottleneck the largest component.
+    Items go by decreasing total cost (ties by index), each to the bin whose bottleneck after
+    taking it is smallest (ties to the lowest bin), among the bins where it fits under ``cap``.
+    The whole-sample planner (``orchestration.plan.plan_whole_samples`` with ``stage_shares``)
+    runs it; with ``S = 1`` it is plain sequential LPT.
+
+    Unlike :func:`orchestration.balance.balance`, the costs are not quantised: the loads are
+    float64 sums, formed item by item in the same order on every rank.
+
+    Args:
+        costs: (n, S) cost of each item in each component, >= 0.
+        num_bins: ``d``, the number of bins.
+        sizes: (n,) integer size of each item (tokens), for ``cap``.
+        cap: largest summed size of a bin; None for no cap.
+        labels: names items in errors.
+
+    Returns:
+        (n,) the bin of each item.
+
+    Raises:
+        InfeasibleCapError: an item fits in no bin under the cap.
+        ValueError: a cap without sizes.
+    """
+    vec = np.asarray(costs, dtype=np.float64)
+    if cap is not None and sizes is None:
+        raise ValueError("a cap needs item sizes")
+    n = vec.shape[0]
+    order = np.lexsort((np.arange(n), -vec.sum(axis=1)))
+    loads = np.zeros((num_bins, vec.shape[1]))
+    used = np.zeros(num_bins, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    for i in order.tolist():
+        score = (loads + vec[i]).max(axis=1)
+        if cap is not None:
+            fits = used + sizes[i] <= cap
+            if not fits.any():
+                # The planner's words: its bins are DP groups and its sizes LLM tokens.
+                raise InfeasibleCapError(
+                    f"{item_label(labels, i)} ({int(sizes[i])} tokens) fits in no DP group "
+                    f"under the cap {cap}",
+                    item=i,
+                    label=item_label(labels, i),
+                    size=int(sizes[i]),
+                    cap=cap,
+                )
+            score = np.where(fits, score, np.inf)
+        g = int(np.argmin(score))
+        out[i] = g
+        loads[g] += vec[i]
+        if sizes is not None:
+            used[g] += sizes[i]
     return out
