@@ -69,13 +69,36 @@ def combinatorial_bounds(costs: np.ndarray, num_bins: int) -> dict[str, float]:
     out = {"average": float(x.sum()) / d, "largest": float(s[0])}
     if n > d:
         out["pair"] = float(s[d - 1] + s[d])
-        # prefix[i] = s_1 + ... + s_i (1-based); bound_k = prefix[kd+1] - prefix[kd-k].
-        prefix = np.r_[0.0, np.cumsum(s)]
-        k = np.arange(1, (n - 1) // d + 1)
-        out["pigeonhole"] = float((prefix[k * d + 1] - prefix[k * d - k]).max())
+        out["pigeonhole"] = float(pigeonhole_bound(s, d))
         per_bin = -(-n // d)
         out["smallest"] = float(np.sort(x)[:per_bin].sum())
     return out
+
+
+def pigeonhole_bound(sorted_costs: np.ndarray, num_bins: int) -> int | float | None:
+    """The ``pigeonhole`` bound of the module doc: the largest ``s_{kd-k+1} + ... + s_{kd+1}``.
+
+    Shared by :func:`combinatorial_bounds` (float costs) and the balancer's bound on its
+    quantised costs (``orchestration.balance``), which must stay exact integer arithmetic:
+    the sums are taken in the array's own dtype.
+
+    Args:
+        sorted_costs: (n,) costs in decreasing order, int64 or float64.
+        num_bins: ``d``.
+
+    Returns:
+        The bound, an int for int64 costs and a float for float64 ones; None when ``n <= d``
+        (no ``k >= 1`` has ``kd + 1 <= n``).
+    """
+    s = np.asarray(sorted_costs)
+    d = int(num_bins)
+    n = s.size
+    if n <= d:
+        return None
+    # prefix[i] = s_1 + ... + s_i (1-based); bound_k = prefix[kd+1] - prefix[kd-k].
+    prefix = np.concatenate((np.zeros(1, dtype=s.dtype), np.cumsum(s)))
+    k = np.arange(1, (n - 1) // d + 1)
+    return (prefix[k * d + 1] - prefix[k * d - k]).max().item()
 
 
 def lower_bound(

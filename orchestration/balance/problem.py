@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from orchestration.bounds import pigeonhole_bound
+
 QUANT_BITS = 38
 """At most this many bits for the largest item's quantised cost (fewer for many items)."""
 
@@ -309,11 +311,8 @@ def _lower_bound_q(sorted_q: np.ndarray, d: int) -> int:
     if n == 0:
         return 0
     best = max(int(sorted_q[0]), -(-int(sorted_q.sum()) // d))
-    if n > d:
-        prefix = np.r_[0, np.cumsum(sorted_q)]
-        k = np.arange(1, (n - 1) // d + 1)
-        best = max(best, int((prefix[k * d + 1] - prefix[k * d - k]).max()))
-    return best
+    pigeonhole = pigeonhole_bound(sorted_q, d)
+    return best if pigeonhole is None else max(best, pigeonhole)
 
 
 def int_loads(q: np.ndarray, bins: np.ndarray, d: int) -> np.ndarray:
