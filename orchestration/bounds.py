@@ -24,7 +24,8 @@ the costs sorted in decreasing order.
   ``0..i``), which removes no optimum: relabel bins by their first item.
 
 The combinatorial bounds are O(n log n); the ILP is for tools and tests, never for plans
-(its time limit is wall-clock, hence not deterministic).
+(its time limit is wall-clock, hence not deterministic). ``highspy`` is therefore an optional
+dependency (``pip install 'orchweave[ilp]'``), imported only when the ILP runs.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def lower_bound(
     Args:
         costs: (n,) item costs, >= 0.
         num_bins: ``d``.
-        ilp: also solve the exact ILP with HiGHS (small problems: say n * d <= 2000).
+        ilp: also solve the exact ILP with HiGHS (small problems: say n * d <= 2000; needs the
+            ``ilp`` extra).
         time_limit: the ILP's limit in seconds (wall-clock).
         incumbent: (n,) a known assignment, given to the solver as a starting solution.
     """
@@ -163,9 +165,9 @@ def ilp_bound(
     """Solve the makespan ILP with HiGHS within ``time_limit`` seconds.
 
     Raises:
-        ImportError: ``highspy`` is not installed (``pip install highspy``).
+        ImportError: ``highspy`` is not installed (``pip install 'orchweave[ilp]'``).
     """
-    import highspy
+    highspy = _import_highspy()
 
     x = np.asarray(costs, dtype=np.float64)
     n, d = x.size, int(num_bins)
@@ -235,6 +237,18 @@ def ilp_bound(
     if not math.isfinite(dual):
         dual = lb * scale
     return IlpResult(dual, optimum, proven, status, bins)
+
+
+def _import_highspy():
+    """The ``highspy`` module, imported only when an ILP runs: it is an optional dependency
+    (extra ``ilp``) that plans never need."""
+    try:
+        import highspy
+    except ImportError as e:
+        raise ImportError(
+            "the ILP bound needs HiGHS (the highspy package): pip install 'orchweave[ilp]'"
+        ) from e
+    return highspy
 
 
 def _symmetric_start(incumbent, order, d, c, allowed) -> np.ndarray | None:
