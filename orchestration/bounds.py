@@ -24,7 +24,8 @@ the costs sorted in decreasing order.
   ``0..i``), which removes no optimum: relabel bins by their first item.
 
 The combinatorial bounds are O(n log n); the ILP is for tools and tests, never for plans
-(its time limit is wall-clock, hence not deterministic).
+(its time limit is wall-clock, hence not deterministic). ``highspy`` is therefore an optional
+dependency (``pip install 'orchweave[ilp]'``), imported only when the ILP runs.
 """
 
 from __future__ import annotations
@@ -69,13 +70,36 @@ def combinatorial_bounds(costs: np.ndarray, num_bins: int) -> dict[str, float]:
     out = {"average": float(x.sum()) / d, "largest": float(s[0])}
     if n > d:
         out["pair"] = float(s[d - 1] + s[d])
-        # prefix[i] = s_1 + ... + s_i (1-based); bound_k = prefix[kd+1] - prefix[kd-k].
-        prefix = np.r_[0.0, np.cumsum(s)]
-        k = np.arange(1, (n - 1) // d + 1)
-        out["pigeonhole"] = float((prefix[k * d + 1] - prefix[k * d - k]).max())
+        out["pigeonhole"] = float(pigeonhole_bound(s, d))
         per_bin = -(-n // d)
         out["smallest"] = float(np.sort(x)[:per_bin].sum())
     return out
+
+
+def pigeonhole_bound(sorted_costs: np.ndarray, num_bins: int) -> int | float | None:
+    """The ``pigeonhole`` bound of the module doc: the largest ``s_{kd-k+1} + ... + s_{kd+1}``.
+
+    Shared by :func:`combinatorial_bounds` (float costs) and the balancer's bound on its
+    quantised costs (``orchestration.balance``), which must stay exact integer arithmetic:
+    the sums are taken in the array's own dtype.
+
+    Args:
+        sorted_costs: (n,) costs in decreasing order, int64 or float64.
+        num_bins: ``d``.
+
+    Returns:
+        The bound, an int for int64 costs and a float for float64 ones; None when ``n <= d``
+        (no ``k >= 1`` has ``kd + 1 <= n``).
+    """
+    s = np.asarray(sorted_costs)
+    d = int(num_bins)
+    n = s.size
+    if n <= d:
+        return None
+    # prefix[i] = s_1 + ... + s_i (1-based); bound_k = prefix[kd+1] - prefix[kd-k].
+    prefix = np.concatenate((np.zeros(1, dtype=s.dtype), np.cumsum(s)))
+    k = np.arange(1, (n - 1) // d + 1)
+    return (prefix[k * d + 1] - prefix[k * d - k]).max().item()
 
 
 def lower_bound(
@@ -91,7 +115,8 @@ def lower_bound(
     Args:
         costs: (n,) item costs, >= 0.
         num_bins: ``d``.
-        ilp: also solve the exact ILP with HiGHS (small problems: say n * d <= 2000).
+        ilp: also solve the exact ILP with HiGHS (small problems: say n * d <= 2000; needs the
+            ``ilp`` extra).
         time_limit: the ILP's limit in seconds (wall-clock).
         incumbent: (n,) a known assignment, given to the solver as a starting solution.
     """
@@ -140,9 +165,9 @@ def ilp_bound(
     """Solve the makespan ILP with HiGHS within ``time_limit`` seconds.
 
     Raises:
-        ImportError: ``highspy`` is not installed (``pip install highspy``).
+        ImportError: ``highspy`` is not installed (``pip install 'orchweave[ilp]'``).
     """
-    import highspy
+    highspy = _import_highspy()
 
     x = np.asarray(costs, dtype=np.float64)
     n, d = x.size, int(num_bins)
@@ -212,6 +237,18 @@ def ilp_bound(
     if not math.isfinite(dual):
         dual = lb * scale
     return IlpResult(dual, optimum, proven, status, bins)
+
+
+def _import_highspy():
+    """The ``highspy`` module, imported only when an ILP runs: it is an optional dependency
+    (extra ``ilp``) that plans never need."""
+    try:
+        import highspy
+    except ImportError as e:
+        raise ImportError(
+            "the ILP bound needs HiGHS (the highspy package): pip install 'orchweave[ilp]'"
+        ) from e
+    return highspy
 
 
 def _symmetric_start(incumbent, order, d, c, allowed) -> np.ndarray | None:

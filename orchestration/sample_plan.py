@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from orchestration.balance import DEFAULT_BUDGET, TIE_SLACK, InfeasibleCapError, WorkBudget, balance
+from orchestration.balance import DEFAULT_BUDGET, TIE_SLACK, WorkBudget, balance, vector_lpt
 from orchestration.cost_model import CostModel
 from orchestration.locality import map_bins_to_ranks
 from orchestration.metadata import GatheredMetadata, PhaseItems, PlanError, as_metadata, phase_items
@@ -150,7 +150,7 @@ def plan_whole_samples(
         if algorithm == "none":
             dst, after, alg = items.owner, before, "ordinary"
         else:
-            dst = _vector_lpt(vec, G, items.tokens, cap, labels)
+            dst = vector_lpt(vec, G, sizes=items.tokens, cap=cap, labels=labels)
             mapping = map_bins_to_ranks(
                 dst, items.owner, items.tokens * float(bytes_per_token), G, max(1, groups_per_node)
             )
@@ -192,33 +192,3 @@ def _bottleneck(ranks: np.ndarray, vec: np.ndarray, G: int) -> np.ndarray:
     loads = np.zeros((G, vec.shape[1]))
     np.add.at(loads, ranks, vec)
     return loads.max(axis=1)
-
-
-def _vector_lpt(vec: np.ndarray, G: int, tokens: np.ndarray, cap: int | None, labels) -> np.ndarray:
-    """Samples by decreasing total, each to the group whose bottleneck stage grows least."""
-    n = vec.shape[0]
-    order = np.lexsort((np.arange(n), -vec.sum(axis=1)))
-    loads = np.zeros((G, vec.shape[1]))
-    used = np.zeros(G, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    for i in order.tolist():
-        score = (loads + vec[i]).max(axis=1)
-        if cap is not None:
-            fits = used + tokens[i] <= cap
-            if not fits.any():
-                raise InfeasibleCapError(
-                    f"{labels(i)} ({int(tokens[i])} tokens) fits in no DP group under the cap "
-                    f"{cap}",
-                    item=i,
-                    label=labels(i),
-                    size=int(tokens[i]),
-                    cap=cap,
-                )
-            score = np.where(fits, score, np.inf)
-        g = int(np.argmin(score))
-        out[i] = g
-        loads[g] += vec[i]
-        used[g] += tokens[i]
-    return out
-
-

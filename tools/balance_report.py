@@ -39,7 +39,7 @@ defaults to the config's ``--workload-token-scale``.
     source: {kind, argument, name?, seed?, token_scale?}
     dp, samples_per_rank, gpus_per_node: int
     model: str; cost_unit: "flops" | "seconds"
-    plan_iteration_ms: float      # orchestration.plan.plan_iteration, all phases, CPU ms
+    plan_iteration_ms: float      # orchestration.phase_plan.plan_iteration, all phases, CPU ms
     digest: str                   # its plan digest
     phases:
       <phase>:

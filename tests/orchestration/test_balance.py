@@ -20,15 +20,14 @@ from orchestration.balance import (
     ALGORITHMS,
     DEFAULT_BUDGET,
     InfeasibleCapError,
-    _Problem,
     balance,
     balance_padded,
-    karmarkar_karp,
-    lpt,
     quantize,
-    refine,
-    repair,
 )
+from orchestration.balance.differencing import karmarkar_karp
+from orchestration.balance.greedy import lpt
+from orchestration.balance.local_search import refine, repair
+from orchestration.balance.problem import BalanceProblem as _Problem
 from orchestration.bounds import combinatorial_bounds, lower_bound
 from orchestration.locality import _greedy_assign, _hungarian_max, map_bins_to_ranks
 
