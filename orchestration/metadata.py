@@ -336,6 +336,13 @@ def phase_items(metadata: GatheredMetadata, phase: str) -> PhaseItems:
     return PhaseItems(phase, owner, src_pos, sample, tokens, out, unit_in_sample)
 
 
+def sample_encoder_tokens(metadata: GatheredMetadata, encoder: str) -> np.ndarray:
+    """(S,) encoder tokens each sample gives ``encoder`` (its feature rows)."""
+    units = phase_items(metadata, encoder)
+    weights = np.bincount(units.sample, weights=units.tokens, minlength=metadata.num_samples)
+    return weights.astype(np.int64)
+
+
 def _run_starts(keys: np.ndarray) -> np.ndarray:
     """For a non-decreasing array, the index where each element's run of equal keys starts."""
     n = keys.size

@@ -16,6 +16,11 @@ import sys
 # orchestration and pipeweaver.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron.mllm import logs  # noqa: E402
+
+# Before megatron-core is imported: its imports warn (Apex, Transformer Engine) at once.
+logs.configure(logs.level_from_argv(sys.argv[1:]))
+
 from megatron.mllm.training import main  # noqa: E402
 
 if __name__ == "__main__":

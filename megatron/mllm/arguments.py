@@ -1,191 +1,76 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """OrchWeave's command-line flags, added to Megatron-LM's parser, and their validation.
 
-The LLM keeps Megatron's names (``--num-layers``, ``--hidden-size``, ``--seq-length``, ...);
-the encoders, the workload and OrchWeave's features get flags of their own here.
+The LLM and the run keep Megatron's names (``--num-layers``, ``--seq-length``, ...); the
+encoders, the workload and OrchWeave's features get groups of their own, built from the config
+dataclasses of :mod:`megatron.mllm.run_config` as Megatron builds its own groups.
+:func:`parse_arguments` parses, checks and completes the arguments; ``RunConfig.from_args``
+turns them into typed configs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
+import logging
 import os
 import sys
 from typing import Sequence
 
-from orchestration.workload_spec import DEFAULT_WORKLOAD
+from megatron.mllm.run_config import (
+    ENCODER_NAMES,
+    OPTION_GROUPS,
+    EncoderArgs,
+    PipelineConfig,
+    WorkloadConfig,
+)
+from orchestration.workload import PHASES
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """A flag, or a combination of flags, that cannot work; the message names them."""
 
 
+class _EncoderGroupFactory:
+    """Builds one encoder's group from :class:`EncoderArgs`: field ``num_layers`` of the vision
+    encoder becomes ``--vision-num-layers`` (dest ``vision_num_layers``)."""
+
+    def __init__(self, encoder: str):
+        from megatron.training.argument_utils import ArgumentGroupFactory
+
+        self.encoder = encoder
+        self.factory = ArgumentGroupFactory(EncoderArgs)
+
+    def build_group(self, parser: argparse.ArgumentParser) -> None:
+        """Add the group to ``parser``."""
+        group = parser.add_argument_group(title=f"OrchWeave: {self.encoder} encoder")
+        for attribute in dataclasses.fields(EncoderArgs):
+            kwargs = self.factory._build_argparse_kwargs_from_field(attribute)
+            kwargs.pop("arg_names")
+            kwargs["dest"] = f"{self.encoder}_{attribute.name}"
+            flag = f"--{self.encoder}-{attribute.name.replace('_', '-')}"
+            group.add_argument(flag, **kwargs)
+
+
 def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Extra-args provider for ``megatron.training.arguments.parse_args``."""
-    group = parser.add_argument_group(title="OrchWeave: workload")
-    group.add_argument(
-        "--workload",
-        default=DEFAULT_WORKLOAD,
-        help="Workload spec (path or built-in name, e.g. omni-three-modality) or a JSONL file "
-        "of sample metadata. Default: %(default)s.",
-    )
-    group.add_argument(
-        "--workload-seed",
-        type=int,
-        default=None,
-        help="Seed of the generated sample stream and payloads. Default: --seed.",
-    )
-    group.add_argument(
-        "--workload-token-scale",
-        type=float,
-        default=1.0,
-        help="Multiply every token count of the workload by this factor (each rounded, at least "
-        "1), to run a realistic mix on a small model. Default: %(default)s.",
-    )
-    group.add_argument(
-        "--synthetic-num-classes",
-        type=int,
-        default=16,
-        help="Hidden classes of synthetic images/audio; the text after an item names its class, "
-        "so the LM loss can only reach its floor by reading the encoders. Default: %(default)s.",
-    )
+    """Extra-args provider for ``megatron.training.arguments.parse_args``: OrchWeave's groups,
+    built from the config dataclasses of :mod:`megatron.mllm.run_config`."""
+    from megatron.training.argument_utils import ArgumentGroupFactory
 
-    for name, layers, feature_help in (("vision", 2, None), ("audio", 2, None)):
-        group = parser.add_argument_group(title=f"OrchWeave: {name} encoder")
-        group.add_argument(
-            f"--{name}-num-layers",
-            type=int,
-            default=layers,
-            help=f"Transformer layers of the {name} encoder. Default: %(default)s.",
-        )
-        group.add_argument(
-            f"--{name}-hidden-size",
-            type=int,
-            default=None,
-            help=f"Hidden size of the {name} encoder. Default: --hidden-size.",
-        )
-        group.add_argument(
-            f"--{name}-num-attention-heads",
-            type=int,
-            default=None,
-            help=f"Attention heads of the {name} encoder. Default: --num-attention-heads.",
-        )
-        group.add_argument(
-            f"--{name}-ffn-hidden-size",
-            type=int,
-            default=None,
-            help=f"MLP hidden size of the {name} encoder. Default: 4 x its hidden size.",
-        )
-    parser.add_argument_group(title="OrchWeave: vision encoder").add_argument(
-        "--vision-patch-size",
-        type=int,
-        default=14,
-        help="Pixels per patch side; each vision token is a 3 x p x p patch. Default: %(default)s.",
-    )
-    parser.add_argument_group(title="OrchWeave: audio encoder").add_argument(
-        "--audio-feature-dim",
-        type=int,
-        default=128,
-        help="Features per audio frame (mel bins) fed to the audio encoder. Default: %(default)s.",
-    )
-
-    group = parser.add_argument_group(title="OrchWeave: batch post-balancing (OrchMLLM)")
-    group.add_argument(
-        "--post-balance",
-        choices=["none", "lpt", "kk", "auto"],
-        default="none",
-        help="Re-balance every iteration's work across data-parallel ranks after loading: "
-        "per phase (each encoder, then the LLM) with PP=1, whole samples across DP groups with "
-        "PP>1. lpt/kk: greedy or Karmarkar-Karp plus a refinement pass; auto: the best of all "
-        "within a small budget. none: upstream Megatron. Default: %(default)s.",
-    )
-    group.add_argument(
-        "--balance-phases",
-        nargs="+",
-        choices=["vision", "audio", "llm"],
-        default=["vision", "audio", "llm"],
-        help="Phases to balance with PP=1; the others keep the loader's assignment. "
-        "Default: all.",
-    )
-    group.add_argument(
-        "--node-wise-a2a",
-        action="store_true",
-        help="Move data with the node-wise all-to-all (one message per node pair) instead of "
-        "one flat all-to-all.",
-    )
-    group.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=None,
-        help="Ranks per node, for node-aware placement and --node-wise-a2a. Default: "
-        "$LOCAL_WORLD_SIZE (set by torchrun), else the visible GPUs, else 8.",
-    )
-    group.add_argument(
-        "--no-check-plan-digest",
-        dest="check_plan_digest",
-        action="store_false",
-        help="Skip comparing the balance plan's digest across DP ranks every iteration.",
-    )
-    group.add_argument(
-        "--post-balance-token-caps",
-        nargs="+",
-        default=[],
-        metavar="PHASE=TOKENS",
-        help="Largest summed tokens a rank may get in a phase (memory), e.g. vision=8192 "
-        "llm=16384. A single item larger than its cap is an error naming the sample.",
-    )
-    group.add_argument(
-        "--cost-calibration",
-        default=None,
-        help="Calibration JSON of measured per-layer times (tools/calibrate.py) for the "
-        "balancer's cost model. Default: costs from the model's FLOPs.",
-    )
-
-    group = parser.add_argument_group(title="OrchWeave: pipeline runtime (PipeWeaver/DIP)")
-    group.add_argument(
-        "--pipeline-schedule",
-        choices=["megatron", "1f1b", "interleaved", "dynamic"],
-        default="megatron",
-        help="megatron: megatron-core's own engine (encoders on stage 0, fixed padded shapes). "
-        "1f1b / interleaved: the same orders in OrchWeave's schedule IR, run by its runtime "
-        "(no padding). dynamic: every module cut into chunks over all stages, a new greedy "
-        "dual-queue order every batch. Default: %(default)s.",
-    )
-    for name in ("vision", "audio", "llm"):
-        group.add_argument(
-            f"--{name}-chunks-per-stage",
-            type=int,
-            default=1,
-            help=f"K: the {name} module is cut into pipeline-size x K chunks, chunk j on stage "
-            f"j mod P (dynamic; interleaved uses the LLM's). Default: %(default)s.",
-        )
-    group.add_argument(
-        "--encoder-sub-microbatch-tokens",
-        type=int,
-        default=0,
-        help="Split each microbatch's images/audio into sub-microbatches of at most this many "
-        "encoder tokens (whole items) that flow through the encoder chunks separately; 0 keeps "
-        "one sub per encoder and microbatch. Default: %(default)s.",
-    )
-    group.add_argument(
-        "--pipeline-recompute",
-        choices=["none", "all"],
-        default="none",
-        help="Runtime schedules: recompute every chunk's forward in its backward (activation "
-        "checkpointing per stage). Default: %(default)s.",
-    )
-
-    group = parser.add_argument_group(title="OrchWeave: projectors and logging")
-    group.add_argument(
-        "--projector-type",
-        choices=["mlp", "affine"],
-        default="mlp",
-        help="Encoder-to-LLM projector (megatron-core MultimodalProjector). Default: %(default)s.",
-    )
-    group.add_argument(
-        "--metrics-jsonl",
-        default=None,
-        help="Append one JSON object of metrics per iteration to this file (last rank only).",
-    )
+    for title, cls in OPTION_GROUPS:
+        ArgumentGroupFactory(cls).build_group(parser, title)
+        if cls is WorkloadConfig:
+            for encoder in ENCODER_NAMES:
+                _EncoderGroupFactory(encoder).build_group(parser)
+    # A few of megatron-core 0.19.2's help texts carry a bare '%' ("10%"), which makes argparse's
+    # --help raise; escape those so that --help prints.
+    for action in parser._actions:
+        if action.help and "%" in action.help and "%(" not in action.help:
+            action.help = action.help.replace("%", "%%")
     return parser
 
 
@@ -212,13 +97,30 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
         saved[0] if saved else "pretrain_mllm.py",
         *(sys.argv[1:] if argv is None else argv),
     ]
+    # Megatron prints every argument (hundreds of lines) and its notes while validating: they
+    # go to the debug log, so that the run's own log stays readable.
+    printed = io.StringIO()
     try:
-        args = parse_args(extra_args_provider=add_mllm_args)
+        with contextlib.redirect_stdout(printed):
+            try:
+                args = parse_args(extra_args_provider=add_mllm_args)
+            except SystemExit:  # --help, or a usage error: what argparse printed is for the user
+                sys.__stdout__.write(printed.getvalue())
+                printed = io.StringIO()
+                raise
+            args.world_size = (
+                world_size if world_size is not None else int(os.getenv("WORLD_SIZE", "1"))
+            )
+            check_layout(args)
+            try:
+                validate_args(args, {})
+            except AssertionError as e:
+                # Megatron validates with bare asserts; a user gets one line naming the flag.
+                raise ConfigError(f"Megatron's argument validation failed: {e}") from e
     finally:
         sys.argv = saved
-    args.world_size = world_size if world_size is not None else int(os.getenv("WORLD_SIZE", "1"))
-    check_layout(args)
-    validate_args(args, {})
+        if printed.getvalue():
+            logger.debug("%s", printed.getvalue().rstrip("\n"))
     finish_arguments(args)
     return args
 
@@ -252,18 +154,25 @@ def check_layout(args: argparse.Namespace) -> None:
 
 
 def finish_arguments(args: argparse.Namespace) -> None:
-    """Derive defaults of our flags and the fields Megatron derives from a tokenizer."""
+    """Check our flags and derive their defaults, and the fields Megatron derives from a
+    tokenizer, in place."""
     if args.seq_length is None:
         raise ConfigError("--seq-length is required")
     if args.vocab_size is None:
         raise ConfigError("--vocab-size is required (OrchWeave trains on synthetic token ids)")
+    decay = args.lr_decay_iters or args.train_iters
+    if args.lr_warmup_fraction is None and decay is not None and args.lr_warmup_iters >= decay:
+        raise ConfigError(
+            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay iterations "
+            f"(--lr-decay-iters, else --train-iters: {decay})"
+        )
     if args.workload_seed is None:
         args.workload_seed = args.seed
     if args.workload_token_scale <= 0:
         raise ConfigError(
             f"--workload-token-scale must be positive, got {args.workload_token_scale}"
         )
-    for name in ("vision", "audio"):
+    for name in ENCODER_NAMES:
         hidden = getattr(args, f"{name}_hidden_size") or args.hidden_size
         setattr(args, f"{name}_hidden_size", hidden)
         heads = getattr(args, f"{name}_num_attention_heads") or args.num_attention_heads
@@ -282,49 +191,55 @@ def finish_arguments(args: argparse.Namespace) -> None:
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
-    args.post_balance_caps = _parse_caps(args.post_balance_token_caps)
-    for name in ("vision", "audio", "llm"):
-        if getattr(args, f"{name}_chunks_per_stage") < 1:
-            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1")
-    if args.encoder_sub_microbatch_tokens < 0:
-        raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
-    pp = args.pipeline_model_parallel_size
-    if args.pipeline_schedule != "megatron":
-        for name in ("vision", "audio", "llm"):
-            layers = args.num_layers if name == "llm" else getattr(args, f"{name}_num_layers")
-            k = getattr(args, f"{name}_chunks_per_stage")
-            if args.pipeline_schedule != "dynamic":
-                k = 1 if name != "llm" or args.pipeline_schedule == "1f1b" else k
-                if name != "llm":
-                    continue
-            if layers and layers < pp * k:
-                raise ConfigError(
-                    f"--pipeline-schedule {args.pipeline_schedule} cuts the {name} module into "
-                    f"--pipeline-model-parallel-size {pp} x --{name}-chunks-per-stage {k} chunks, "
-                    f"but it has only {layers} layers"
-                )
-    if args.pipeline_schedule == "megatron" and args.pipeline_recompute != "none":
-        raise ConfigError(
-            "--pipeline-recompute applies to OrchWeave's runtime; with --pipeline-schedule "
-            "megatron use Megatron's --recompute-granularity"
-        )
+    _check_caps(args.post_balance_token_caps)
+    _check_pipeline(args)
     if args.gpus_per_node is None:
         args.gpus_per_node = _default_gpus_per_node()
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
 
 
-def _parse_caps(items: Sequence[str]) -> dict[str, int]:
-    caps = {}
+def _check_pipeline(args: argparse.Namespace) -> None:
+    for name in PHASES:
+        if getattr(args, f"{name}_chunks_per_stage") < 1:
+            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1")
+    if args.encoder_sub_microbatch_tokens < 0:
+        raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
+    schedule = args.pipeline_schedule
+    if schedule == "megatron":
+        if args.pipeline_recompute != "none":
+            raise ConfigError(
+                "--pipeline-recompute applies to OrchWeave's runtime; with --pipeline-schedule "
+                "megatron use Megatron's --recompute-granularity"
+            )
+        return
+    pp = args.pipeline_model_parallel_size
+    chunks = PipelineConfig(
+        **{f"{m}_chunks_per_stage": getattr(args, f"{m}_chunks_per_stage") for m in PHASES}
+    ).chunks_per_stage()
+    for name in PHASES:
+        # 1f1b and interleaved keep the encoders whole (K counts for the LLM only, and only
+        # with interleaved); dynamic cuts every module.
+        if schedule != "dynamic" and name != "llm":
+            continue
+        k = 1 if schedule == "1f1b" else chunks[name]
+        layers = args.num_layers if name == "llm" else getattr(args, f"{name}_num_layers")
+        if layers and layers < pp * k:
+            raise ConfigError(
+                f"--pipeline-schedule {schedule} cuts the {name} module into "
+                f"--pipeline-model-parallel-size {pp} x --{name}-chunks-per-stage {k} chunks, "
+                f"but it has only {layers} layers"
+            )
+
+
+def _check_caps(items: Sequence[str]) -> None:
     for item in items:
         phase, _, value = item.partition("=")
-        if phase not in ("vision", "audio", "llm") or not value.isdigit() or int(value) < 1:
+        if phase not in PHASES or not value.isdigit() or int(value) < 1:
             raise ConfigError(
-                f"--post-balance-token-caps: expected PHASE=TOKENS with PHASE in vision, audio, "
-                f"llm and TOKENS a positive integer, got {item!r}"
+                f"--post-balance-token-caps: expected PHASE=TOKENS with PHASE in "
+                f"{', '.join(PHASES)} and TOKENS a positive integer, got {item!r}"
             )
-        caps[phase] = int(value)
-    return caps
 
 
 def _default_gpus_per_node() -> int:

@@ -110,7 +110,7 @@ class EncoderInput:
 
     def packed_seq_params(self) -> PackedSeqParams:
         """THD parameters: one sequence per unit."""
-        return _packed_seq_params(self.unit_lens, self.positions.device)
+        return thd_params(self.unit_lens, self.positions.device)
 
 
 @dataclass
@@ -142,7 +142,7 @@ class LanguageInput:
 
     def packed_seq_params(self) -> PackedSeqParams:
         """THD parameters: one sequence per sample (and the padding run)."""
-        return _packed_seq_params(self.seq_lens, self.tokens.device)
+        return thd_params(self.seq_lens, self.tokens.device)
 
 
 @dataclass
@@ -158,13 +158,18 @@ class PackedMicrobatch:
     encoders: dict[str, EncoderInput]
     """Each encoder's inputs; an encoder with no units in this microbatch is absent."""
 
+    encoder_hidden: dict[str, Tensor] = field(default_factory=dict)
+    """Per encoder, the final hidden states of its units ``[tokens, h]`` when they were computed
+    elsewhere (the per-phase balanced step); the model then runs only the encoder's head."""
+
     @property
     def num_loss_tokens(self) -> int:
         """Tokens that contribute to the loss."""
         return int(self.language.loss_mask.sum().item())
 
 
-def _packed_seq_params(lens: Sequence[int], device) -> PackedSeqParams:
+def thd_params(lens: Sequence[int], device) -> PackedSeqParams:
+    """THD parameters of independent sequences of ``lens`` tokens: one per unit or sample."""
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int32), 0)
     cu = cu.to(device)

@@ -18,7 +18,8 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from megatron.mllm import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +79,11 @@ def save_checkpoint(
         tmp = path + ".tmp"
         torch.save(state, tmp)
         os.replace(tmp, path)
-    dist.barrier()
-    if dist.get_rank() == 0:
+    distributed.barrier()
+    if distributed.global_rank() == 0:
         with open(os.path.join(root, TRACKER), "w", encoding="utf-8") as f:
             f.write(str(iteration))
-    dist.barrier()
+    distributed.barrier()
     return path
 
 

@@ -14,9 +14,6 @@ from orchestration.model_shape import ModelShape, TransformerShape
 
 logger = logging.getLogger(__name__)
 
-MODULES: tuple[str, ...] = ("vision", "audio", "llm")
-"""Every module of the model; encoders first, in the order a sample flows through them."""
-
 
 @dataclass(frozen=True)
 class EncoderConfig:
@@ -102,10 +99,13 @@ class MLLMConfig:
         return self.chunk_config("llm", 1)
 
     def shape(self) -> ModelShape:
-        """The FLOPs-relevant shape of the model, for costs and TFLOP/s."""
+        """The sizes of the model that decide its costs: FLOPs (balancer, TFLOP/s), parameters
+        and bytes (SEMU). The one derivation every part of OrchWeave uses."""
         lang = self.language
         gated = bool(lang.gated_linear_unit)
         v = self.vocab_size
+        bias = bool(lang.add_bias_linear)
+        norm = str(lang.normalization)
         llm = TransformerShape(
             num_layers=lang.num_layers,
             hidden_size=lang.hidden_size,
@@ -115,6 +115,9 @@ class MLLMConfig:
             gated_mlp=gated,
             causal=True,
             output_flops_per_token=2.0 * lang.hidden_size * v,
+            embedding_params=(v + self.max_sequence_length) * lang.hidden_size,
+            add_bias_linear=bias,
+            normalization=norm,
         )
         encoders = {}
         for name, enc in self.encoders.items():
@@ -133,15 +136,20 @@ class MLLMConfig:
                 causal=False,
                 input_flops_per_token=2.0 * enc.input_dim * enc.hidden_size,
                 output_flops_per_token=proj,
+                add_bias_linear=bias,
+                normalization=norm,
             )
-        return ModelShape(llm=llm, encoders=encoders)
+        dtype_bytes = 2 if lang.bf16 or lang.fp16 else 4
+        return ModelShape(llm=llm, encoders=encoders, params_dtype_bytes=dtype_bytes)
 
 
-def mllm_config_from_args(args) -> MLLMConfig:
-    """Build the model config from Megatron's parsed arguments plus OrchWeave's."""
+def mllm_config(run) -> MLLMConfig:
+    """Build the model config of a :class:`~megatron.mllm.run_config.RunConfig`: the LLM's
+    megatron-core config from Megatron's flags, the encoders from OrchWeave's."""
     from megatron.mllm import cpu_shim
     from megatron.training.argument_utils import core_transformer_config_from_args
 
+    args = run.args
     language = core_transformer_config_from_args(args)
     # Samples move between microbatches and ranks; only a loss normalised by the global number
     # of loss tokens is independent of where each sample lands.
@@ -153,7 +161,7 @@ def mllm_config_from_args(args) -> MLLMConfig:
         language.use_cpu_initialization = True
     use_te = _use_transformer_engine(args)
     if language.gradient_accumulation_fusion and not _have_fused_wgrad():
-        logger.info(
+        logger.debug(
             "apex's fused_weight_gradient_mlp_cuda is not importable: "
             "gradient accumulation fusion is off"
         )
@@ -161,28 +169,27 @@ def mllm_config_from_args(args) -> MLLMConfig:
     if not use_te:
         # Persistent layer norm is a fused apex/TE kernel; torch's LayerNorm has none.
         language.persist_layer_norm = False
-    encoders = {}
-    input_dims = {"vision": 3 * args.vision_patch_size**2, "audio": args.audio_feature_dim}
-    for name in ("vision", "audio"):
-        layers = getattr(args, f"{name}_num_layers")
-        if layers == 0:
-            continue
-        encoders[name] = EncoderConfig(
+    inputs = run.multimodal
+    input_dims = {"vision": 3 * inputs.vision_patch_size**2, "audio": inputs.audio_feature_dim}
+    encoders = {
+        name: EncoderConfig(
             name=name,
-            num_layers=layers,
-            hidden_size=getattr(args, f"{name}_hidden_size"),
-            num_attention_heads=getattr(args, f"{name}_num_attention_heads"),
-            ffn_hidden_size=getattr(args, f"{name}_ffn_hidden_size"),
+            num_layers=enc.num_layers,
+            hidden_size=enc.hidden_size,
+            num_attention_heads=enc.num_attention_heads,
+            ffn_hidden_size=enc.ffn_hidden_size,
             input_dim=input_dims[name],
         )
+        for name, enc in run.encoders.items()
+    }
     return MLLMConfig(
         language=language,
         vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings or args.seq_length,
         encoders=encoders,
-        projector_type=args.projector_type,
+        projector_type=inputs.projector_type,
         use_te=use_te,
-        init_seed=args.seed,
+        init_seed=run.seed,
     )
 
 
@@ -200,9 +207,9 @@ def _use_transformer_engine(args) -> bool:
     try:
         import transformer_engine  # noqa: F401
     except ImportError:
-        logger.info("Transformer Engine is not importable: using the local layer specs")
+        logger.debug("Transformer Engine is not importable: using the local layer specs")
         return False
     if not torch.cuda.is_available():
-        logger.info("no CUDA device: using the local layer specs")
+        logger.debug("no CUDA device: using the local layer specs")
         return False
     return True

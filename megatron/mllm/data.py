@@ -1,10 +1,15 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Synthetic multimodal data consistent with sample metadata, and Megatron's data order.
+"""The loader: each DP rank's samples of an iteration in Megatron's order, with synthetic data.
 
 Every sample of the stream is addressed by its global index ``k``: its metadata comes from the
-workload (generated from ``(seed, k)``, or line ``k mod N`` of a JSONL file) and its payload is
-generated from ``(seed, k)``. Any rank can therefore produce any sample, and a resumed run, or
+workload (``orchestration.workload_spec.SampleStream``: generated from ``(seed, k)``, or line
+``k mod N`` of a JSONL file) and its payload is generated from ``(seed, k)``. A resumed run, or
 a run with a different parallel layout, sees exactly the same data.
+
+:class:`BatchLoader` is the first stage of an iteration: it loads this DP rank's samples (and
+only those) in Megatron's sampler order, then all-gathers every rank's metadata (a few ints per
+sample): the :class:`GlobalBatch` that the balancer plans from, the log line reports and the
+length check reads, on every rank alike.
 
 The language-modelling task is learnable and needs the encoders: each image or audio clip has a
 hidden class, its features are that class's prototype plus noise, and the text run after an
@@ -13,15 +18,17 @@ item starts with the item's class token. The rest of the text follows a fixed bi
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
-from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta, WorkloadError, read_jsonl
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
+from orchestration.dispatcher import Dispatcher
+from orchestration.metadata import GatheredMetadata
+from orchestration.packing import microbatch_indices
+from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta
+from orchestration.workload_spec import SampleStream
 
 BOS_TOKEN = 1
 """Token that opens every sample."""
@@ -120,41 +127,118 @@ class SyntheticTask:
         return SamplePayload(tokens=tokens, units=units)
 
 
-class SampleSource:
-    """The stream of sample metadata: a generated workload, or a JSONL file cycled in order."""
+@dataclass(frozen=True)
+class LoadedSample:
+    """One sample as its loader holds it."""
 
-    def __init__(self, workload: str, seed: int = 0, token_scale: float = 1.0):
-        """Open a workload spec (path or built-in name) or a ``.jsonl`` metadata file.
+    index: int
+    """Its stream index."""
+
+    meta: SampleMeta
+    """Its metadata."""
+
+    payload: SamplePayload
+    """Its token ids and (where this rank needs them) encoder features."""
+
+
+@dataclass
+class GlobalBatch:
+    """One iteration as a DP rank sees it: its own samples, and every rank's metadata."""
+
+    iteration: int
+    """The iteration."""
+
+    microbatches: list[list[LoadedSample]]
+    """This rank's samples, in Megatron's microbatches and order."""
+
+    metadata: GatheredMetadata
+    """Every DP rank's sample metadata (all-gathered, with sample ids)."""
+
+    @property
+    def samples(self) -> list[LoadedSample]:
+        """This rank's samples, in loading order."""
+        return [s for mb in self.microbatches for s in mb]
+
+    def data_iterator(self) -> Iterator["LoadedMicrobatch"]:
+        """What a training step's ``data_iterator`` yields: this rank's microbatches."""
+        return iter([LoadedMicrobatch(mb, self) for mb in self.microbatches])
+
+
+@dataclass
+class LoadedMicrobatch:
+    """A loaded microbatch; it knows its iteration, so that a balancing step can re-plan the
+    whole global batch."""
+
+    samples: list[LoadedSample]
+    """Its samples."""
+
+    batch: GlobalBatch = field(repr=False)
+    """The iteration it belongs to."""
+
+    def pairs(self) -> list[tuple[SampleMeta, SamplePayload]]:
+        """``(metadata, payload)`` of each sample, for the packers."""
+        return [(s.meta, s.payload) for s in self.samples]
+
+
+class BatchLoader:
+    """Loads one DP rank's samples of every iteration and gathers the batch's metadata."""
+
+    def __init__(self, stream: SampleStream, task: SyntheticTask, dispatcher: Dispatcher,
+                 micro_batch_size: int, num_microbatches: int, seq_length: int,
+                 with_features: bool):  # fmt: skip
+        """Args:
+        stream: the workload.
+        task: the synthetic payloads.
+        dispatcher: collectives over this rank's DP group (the metadata all-gather).
+        micro_batch_size: samples per microbatch (Megatron's order).
+        num_microbatches: microbatches per DP rank per iteration.
+        seq_length: ``--seq-length``; longer samples are an error.
+        with_features: generate encoder features (only ranks running an encoder's input layer
+            need them).
+        """
+        self.stream = stream
+        self.task = task
+        self.dispatcher = dispatcher
+        self.micro_batch_size = micro_batch_size
+        self.num_microbatches = num_microbatches
+        self.seq_length = seq_length
+        self.with_features = with_features
+
+    def load(self, iteration: int) -> GlobalBatch:
+        """This rank's samples of ``iteration`` and the batch's metadata; collective over DP.
 
         Raises:
-            WorkloadError: the file is missing or malformed.
+            SequenceTooLongError: on every rank, naming the first sample of any rank that does
+                not fit ``--seq-length``.
         """
-        self.workload = workload
-        self._samples: list[SampleMeta] | None = None
-        self._generator: WorkloadGenerator | None = None
-        if os.fspath(workload).endswith(".jsonl"):
-            if token_scale != 1.0:
-                raise WorkloadError("--workload-token-scale applies to specs, not to JSONL files")
-            self._samples = read_jsonl(workload)
-        else:
-            self._generator = WorkloadGenerator(
-                WorkloadSpec.load(workload), seed=seed, token_scale=token_scale
-            )
-
-    def meta(self, index: int) -> SampleMeta:
-        """Metadata of stream sample ``index``."""
-        if self._samples is not None:
-            return self._samples[index % len(self._samples)]
-        return self._generator.sample(index)
+        d = self.dispatcher
+        indices = microbatch_indices(
+            iteration, d.rank, d.world, self.micro_batch_size, self.num_microbatches
+        )
+        microbatches = []
+        for mb in indices:
+            loaded = []
+            for k in mb:
+                meta = self.stream.meta(k)
+                loaded.append(LoadedSample(k, meta, self.task.payload(meta, k, self.with_features)))
+            microbatches.append(loaded)
+        metadata = d.gather_metadata([(s.index, s.meta) for mb in microbatches for s in mb])
+        check_fits(metadata, self.seq_length)
+        return GlobalBatch(iteration, microbatches, metadata)
 
 
-def check_fits(metas: Sequence[tuple[int, SampleMeta]], seq_length: int, dp_rank: int) -> None:
+def check_fits(metadata: GatheredMetadata, seq_length: int) -> None:
     """Raise :class:`SequenceTooLongError` naming the first sample longer than ``seq_length``."""
-    for index, meta in metas:
-        if meta.llm_tokens > seq_length:
-            raise SequenceTooLongError(
-                f"sample {meta.sample_id!r} (stream index {index}, loaded by data-parallel rank "
-                f"{dp_rank}) has {meta.llm_tokens} LLM tokens ({meta.text_tokens} text + "
-                f"{meta.llm_tokens - meta.text_tokens} from encoders), more than --seq-length "
-                f"{seq_length}"
-            )
+    lengths = metadata.sample_llm
+    too_long = np.flatnonzero(lengths > seq_length)
+    if not too_long.size:
+        return
+    s = int(too_long[0])
+    rank = int(metadata.sample_rank[s])
+    text = int(metadata.sample_text[s])
+    n = int(lengths[s])
+    raise SequenceTooLongError(
+        f"sample {metadata.sample_ids[s]!r} (stream index {int(metadata.sample_stream[s])}, "
+        f"loaded by data-parallel rank {rank}) has {n} LLM tokens ({text} text + {n - text} "
+        f"from encoders), more than --seq-length {seq_length}"
+    )

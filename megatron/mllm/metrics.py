@@ -1,8 +1,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """What the trainer reports: Megatron-style log lines, per-phase DP imbalance, FLOPs.
 
-The imbalance is computed from metadata alone: every rank knows the whole global batch's
-metadata, so the logger can cost each DP rank's share of each phase without communication.
+The figures come from the iteration's all-gathered metadata (``GlobalBatch.metadata``): the
+logger costs each DP rank's share of each phase without communicating again.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from orchestration.balance import max_over_mean
+from orchestration.metadata import GatheredMetadata
 from orchestration.model_shape import ModelShape
 from orchestration.packing import padding_runs
 from orchestration.workload import PHASES, SampleMeta
@@ -48,6 +49,38 @@ def imbalance(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     return {
         phase: max_over_mean(np.array([r[phase] for r in per_rank], dtype=np.float64))
         for phase in per_rank[0]
+    }
+
+
+def iteration_metrics(
+    metadata: GatheredMetadata,
+    shape: ModelShape,
+    micro_batch_size: int,
+    pad_to: int | None,
+    max_pad_run: int,
+) -> dict:
+    """Figures of one global batch, as the loader assigned it: samples, real tokens, model
+    FLOPs, and the per-phase DP imbalance of Megatron's order (padding included).
+
+    Args:
+        metadata: every DP rank's samples, in loading order.
+        shape: the model.
+        micro_batch_size: samples per loaded microbatch.
+        pad_to: the fixed microbatch length the step pads to, None when it packs without.
+        max_pad_run: the longest padding run (``--seq-length``).
+    """
+    per_rank = []
+    for rank in range(metadata.num_ranks):
+        metas = [metadata.sample_meta(s) for s in metadata.rank_samples(rank)]
+        mbs = [metas[i : i + micro_batch_size] for i in range(0, len(metas), micro_batch_size)]
+        per_rank.append(mbs)
+    samples = [s for rank in per_rank for mb in rank for s in mb]
+    costs = [phase_costs(shape, rank, pad_to, max_pad_run) for rank in per_rank]
+    return {
+        "samples": len(samples),
+        "tokens": batch_tokens(samples),
+        "flops": shape.batch_flops(samples),
+        "imbalance": imbalance(costs) if len(costs) > 1 else {k: 1.0 for k in costs[0]},
     }
 
 

@@ -22,8 +22,6 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from megatron.core.enums import ModelType
-from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import make_viewless_tensor
 from megatron.mllm.batch import (
     EncoderInput,
@@ -33,8 +31,9 @@ from megatron.mllm.batch import (
     build_microbatch,
     split_encoder_input,
 )
-from megatron.mllm.chunks import ChunkId, EncoderChunk, ModuleChunk, build_chunk
+from megatron.mllm.chunks import EncoderChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
+from megatron.mllm.model import PlacedModel, module_layers
 from orchestration.model_shape import ModelShape
 from orchestration.packing import sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
@@ -55,7 +54,7 @@ def runtime_placement(
     LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B);
     ``dynamic`` cuts every module i into P x K_i chunks, chunk j on stage j mod P.
     """
-    layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
+    layers = module_layers(mllm)
     if schedule == "dynamic":
         return Placement.interleaved(pp_size, layers, chunks_per_stage)
     k = chunks_per_stage.get("llm", 1) if schedule == "interleaved" else 1
@@ -106,27 +105,28 @@ class ChunkStage(nn.Module):
         return chunk(self._inputs[0], mb.language)
 
 
-class RuntimeModel(MegatronModule):
-    """This rank's chunks of a placement, as one module for DDP and the optimizer."""
+class RuntimeModel(PlacedModel):
+    """This rank's chunks of a placement (any module cut anywhere), for the runtime."""
 
     def __init__(self, mllm: MLLMConfig, placement: Placement, pp_rank: int, pg_collection):
-        super().__init__(config=mllm.language)
-        self.model_type = ModelType.encoder_or_decoder
-        # Input embedding and output layer are separate parameters: no embedding sync.
-        self.share_embeddings_and_output_weights = False
-        self.mllm = mllm
-        self.placement = placement
+        super().__init__(mllm, placement, pp_rank)
         self.chunks = nn.ModuleDict()
         self._stages: dict[tuple[str, int], ChunkStage] = {}
-        for module, c in placement.chunks_on(pp_rank):
-            start, stop = placement.layer_range(module, c)
-            chunk = build_chunk(mllm, ChunkId(module, start, stop), pg_collection)
+        for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
+            chunk = build_chunk(mllm, cid, pg_collection)
             self.chunks[f"{module}_{c}"] = chunk
             self._stages[(module, c)] = ChunkStage(chunk)
         last_llm = placement.num_chunks("llm") - 1
         self.pre_process = ("llm", 0) in self._stages
         self.post_process = ("llm", last_llm) in self._stages
-        self.holds_encoder_inputs = any((e, 0) in self._stages for e in placement.encoders)
+
+    def describe(self) -> str:
+        """The layout for the setup line."""
+        encoders = ", ".join(
+            f"{n}: {e.num_layers} layers x {e.hidden_size}" for n, e in self.mllm.encoders.items()
+        )
+        lang = self.mllm.language
+        return f"encoders: {encoders} | LLM {lang.num_layers} layers x {lang.hidden_size}"
 
     def stage(self, module: str, chunk: int) -> ChunkStage:
         """The runtime's view of one chunk on this rank."""

@@ -257,7 +257,7 @@ class Semu:
         self.dp = spec.parallel.data(cluster.num_devices)
         self.stage_cost_fn = stage_cost_fn
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
-        self._clip_grad = float(spec.flags.get("clip_grad", 1.0))
+        self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
         self._fp = (self.cost.fingerprint(), stage_cost_fn)
 

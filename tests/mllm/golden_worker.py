@@ -14,6 +14,7 @@ from grad_worker import configurations
 
 from megatron.core import parallel_state
 from megatron.mllm.arguments import parse_arguments
+from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 
 
@@ -23,7 +24,7 @@ def main() -> None:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         metrics = os.path.join(out_dir, f"{name}.jsonl")
-        Trainer(parse_arguments([*flags, "--metrics-jsonl", metrics])).train()
+        Trainer(RunConfig.from_args(parse_arguments([*flags, "--metrics-jsonl", metrics]))).train()
     dist.destroy_process_group()
 
 

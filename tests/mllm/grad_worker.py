@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.mllm.arguments import parse_arguments
+from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 
 
@@ -38,8 +39,8 @@ def main() -> None:
     for name, flags in configurations(sys.argv[2:]):
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
-        trainer = Trainer(parse_arguments(flags))
-        losses = trainer.run_iteration(0)
+        trainer = Trainer(RunConfig.from_args(parse_arguments(flags)))
+        losses, _ = trainer.forward_backward(0)
         loss = None
         if losses:
             loss = torch.stack([d["lm loss"] for d in losses]).sum(0)

@@ -18,20 +18,21 @@ import torch
 import torch.distributed as dist
 
 from megatron.mllm.arguments import parse_arguments
+from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 from pipeweaver.fuzz import random_invalid_schedule, random_valid_schedule
 from pipeweaver.ir import ScheduleError
 
 
 def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
-    trainer = Trainer(parse_arguments(flags))
-    runtime = trainer.runtime
+    trainer = Trainer(RunConfig.from_args(parse_arguments(flags)))
+    runtime = trainer.step.runtime
     first = None
     worst = 0.0
     for n in range(count):
         rng = random.Random(n)
         runtime.schedule_fn = lambda p, s, mbs: random_valid_schedule(p, s, rng)
-        trainer.run_iteration(0)
+        trainer.forward_backward(0)
         grads = trainer.main_grads()
         if first is None:
             first = grads
@@ -50,7 +51,7 @@ def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
     rng = random.Random(12345)
     runtime.schedule_fn = lambda p, s, mbs: random_invalid_schedule(p, s, rng)[0]
     try:
-        trainer.run_iteration(0)
+        trainer.forward_backward(0)
     except ScheduleError as e:
         print(f"rank {dist.get_rank()}: rejected: {e}", flush=True)
     else:
@@ -62,9 +63,10 @@ def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
 
 
 def die(stage: int, microbatch: int, flags: list[str]) -> None:
-    trainer = Trainer(parse_arguments(flags))
+    trainer = Trainer(RunConfig.from_args(parse_arguments(flags)))
     if trainer.pp_rank == stage:
-        module = trainer.model.stage("llm", min(c for m, c in trainer.model_chunks() if m == "llm"))
+        chunks = trainer.model.placement.chunks_on(trainer.pp_rank)
+        module = trainer.model.stage("llm", min(c for m, c in chunks if m == "llm"))
         seen = []
 
         def hook(mod, args):
@@ -74,7 +76,7 @@ def die(stage: int, microbatch: int, flags: list[str]) -> None:
                 os._exit(7)
 
         module.register_forward_pre_hook(hook)
-    trainer.run_iteration(0)
+    trainer.forward_backward(0)
     raise AssertionError("the step finished although a rank died")
 
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron.mllm.batch import build_microbatch, pooling_pairs, sample_layout
-from megatron.mllm.data import SampleSource, SyntheticTask
+from megatron.mllm.data import SyntheticTask
 from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
-from orchestration.workload import Item, SampleMeta, WorkloadError
+from orchestration.workload import Item, SampleMeta
 
 TASK = SyntheticTask(vocab_size=200, num_classes=5, input_dims={"vision": 6, "audio": 3}, seed=7)
 
@@ -166,19 +166,6 @@ def test_megatron_order_covers_the_global_batch_once(dp, mbs, m):
         assert sorted(seen) == list(range(it * gbs, (it + 1) * gbs))
     # Megatron's sampler: rank r takes slice r of every (mbs * dp)-sample chunk.
     assert microbatch_indices(1, 1, 2, 2, 3) == [[14, 15], [18, 19], [22, 23]]
-
-
-def test_jsonl_source_cycles_and_reports_malformed_lines(tmp_path):
-    good = tmp_path / "good.jsonl"
-    good.write_text('{"id": "a", "text_tokens": 3}\n{"id": "b", "text_tokens": 4, "image": [5]}\n')
-    src = SampleSource(str(good))
-    assert [src.meta(k).sample_id for k in range(5)] == ["a", "b", "a", "b", "a"]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "a", "text_tokens": 3}\n\n{"id": "b", "text_tokens": \n')
-    with pytest.raises(WorkloadError, match=r"bad.jsonl:3: malformed JSON"):
-        SampleSource(str(bad))
-    with pytest.raises(WorkloadError, match="workload file not found"):
-        SampleSource(str(tmp_path / "missing.jsonl"))
 
 
 @given(st.lists(samples, min_size=1, max_size=4), st.sampled_from([None, 1, 6, 15, 40]))

@@ -26,7 +26,6 @@ from orchestration.microbatches import form_microbatches
 from orchestration.phase_plan import plan_iteration
 from orchestration.sample_plan import plan_whole_samples
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs
-from pipeweaver.semu.model import load_model_config
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden") / "plan_fingerprints.json"
@@ -44,7 +43,9 @@ def spec_paths() -> list[str]:
 
 def cost_models() -> dict[str, CostModel]:
     """FLOPs costs of the main job's model, and the CPU calibration's measured costs."""
-    shape = load_model_config(REPO / "scripts" / "configs" / "cpu-main.json").shape
+    from megatron.mllm.config_files import load_run_config
+
+    shape = load_run_config("cpu-main", world_size=2).shape
     cal = Calibration.load(REPO / "scripts" / "configs" / "calibration-cpu.json")
     return {"flops": CostModel.build(shape), "seconds": CostModel.build(shape, cal)}
 

@@ -27,7 +27,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestration.workload import Item, SampleMeta, WorkloadError, read_jsonl, write_jsonl
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs, draw
+from orchestration.workload_spec import (
+    SampleStream,
+    WorkloadGenerator,
+    WorkloadSpec,
+    builtin_specs,
+    draw,
+)
 from orchestration.workload_stats import workload_stats
 
 REPO = Path(__file__).resolve().parents[2]
@@ -830,3 +836,16 @@ def test_tool_errors_are_one_clear_line(tmp_path):
     assert malformed.stderr.startswith(f"error: {bad}:2: malformed JSON")
     for proc in (missing, unknown, malformed):
         assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_jsonl_stream_cycles_and_reports_malformed_lines(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": "a", "text_tokens": 3}\n{"id": "b", "text_tokens": 4, "image": [5]}\n')
+    src = SampleStream(str(good))
+    assert [src.meta(k).sample_id for k in range(5)] == ["a", "b", "a", "b", "a"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text_tokens": 3}\n\n{"id": "b", "text_tokens": \n')
+    with pytest.raises(WorkloadError, match=r"bad.jsonl:3: malformed JSON"):
+        SampleStream(str(bad))
+    with pytest.raises(WorkloadError, match="workload file not found"):
+        SampleStream(str(tmp_path / "missing.jsonl"))

@@ -29,10 +29,11 @@ _EXTENSIONS = {"embedding_params": 0, "add_bias_linear": True, "normalization": 
 
 def _trainer_shape(flags: dict, world_size: int):
     from megatron.mllm.arguments import parse_arguments
-    from megatron.mllm.config import mllm_config_from_args
+    from megatron.mllm.config import mllm_config
+    from megatron.mllm.run_config import RunConfig
 
     argv = flags_to_argv(flags) + ["--train-iters", "1", "--lr", "1e-3"]
-    return mllm_config_from_args(parse_arguments(argv, world_size)).shape()
+    return mllm_config(RunConfig.from_args(parse_arguments(argv, world_size))).shape()
 
 
 @pytest.mark.parametrize(

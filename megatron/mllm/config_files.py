@@ -1,0 +1,176 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Run configs on disk (``scripts/configs/*.json``): trainer flags, read by the trainer's parser.
+
+A model config is a list of trainer flags, each as it would be typed on the command line::
+
+    {"name": "vlm-s", "description": "...",
+     "flags": ["--num-layers 32", "--hidden-size 4096", "--swiglu", "--bf16"],
+     "shape_overrides": {"vision": {"gated_mlp": false}}}
+
+:func:`load_run_config` parses them with :func:`megatron.mllm.arguments.parse_arguments`, so a
+config means exactly what the same flags mean to ``scripts/pretrain_mllm.py`` (Megatron's
+defaults and checks, OrchWeave's defaults and checks), and :func:`semu_model_spec` derives what
+SEMU simulates from the same typed configs and ``MLLMConfig.shape()``. ``shape_overrides``
+(optional) replaces fields of a module's ``TransformerShape`` for models the trainer cannot
+build yet (an ungated ViT beside a SwiGLU LLM, a DiT in the LLM's place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from megatron.mllm.arguments import ConfigError, parse_arguments
+from megatron.mllm.config import MLLMConfig, mllm_config
+from megatron.mllm.run_config import RunConfig
+from orchestration.model_shape import ModelShape
+from pipeweaver.semu.model import ModelSpec, ParallelLayout, TrainingSetup, apply_shape_overrides
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "scripts" / "configs"
+"""Where configs are found by name (a checkout's ``scripts/configs``)."""
+
+
+@dataclass
+class LoadedConfig:
+    """A run config file, parsed."""
+
+    name: str
+    """The config's name."""
+
+    run: RunConfig
+    """The run, as the trainer would configure it."""
+
+    model: MLLMConfig
+    """The model the trainer would build."""
+
+    shape: ModelShape
+    """``model.shape()`` with the file's ``shape_overrides`` applied."""
+
+    semu: ModelSpec
+    """What SEMU simulates."""
+
+    argv: list[str]
+    """The flags, as one command line."""
+
+
+def find_config(name_or_path: str | os.PathLike) -> Path:
+    """A config file by path, or by name in ``scripts/configs`` (``vlm-s``, ``h800-16``).
+
+    Raises:
+        ConfigError: neither exists.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    named = CONFIG_DIR / f"{name_or_path}.json"
+    if named.is_file():
+        return named
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+    raise ConfigError(f"config not found: {name_or_path} (not a file, and not one of {known})")
+
+
+def flag_argv(flags: Sequence[str]) -> list[str]:
+    """A config's flags (``"--num-layers 4"`` each) as one argument vector."""
+    return [token for flag in flags for token in shlex.split(flag)]
+
+
+def load_run_config(
+    name_or_path: str | os.PathLike, extra_flags: Sequence[str] = (), world_size: int = 1
+) -> LoadedConfig:
+    """Read a config and parse its flags as the trainer would.
+
+    Args:
+        name_or_path: the JSON file, or its name in ``scripts/configs``.
+        extra_flags: flags after the file's (later flags win, as on a command line), e.g.
+            ``["--pipeline-model-parallel-size 2"]``.
+        world_size: processes (GPUs) of the run: fixes the data-parallel size.
+
+    Raises:
+        ConfigError: missing or malformed file, or flags that cannot work, naming the file.
+    """
+    path = find_config(name_or_path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from e
+    flags = obj.get("flags") if isinstance(obj, dict) else None
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ConfigError(f"{path}: a run config is an object whose 'flags' is a list of strings")
+    try:
+        return run_from_flags(
+            flag_argv([*flags, *extra_flags]),
+            world_size,
+            name=str(obj.get("name", path.stem)),
+            shape_overrides=obj.get("shape_overrides", {}),
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
+                   shape_overrides: Mapping[str, Mapping[str, Any]] | None = None
+                   ) -> LoadedConfig:  # fmt: skip
+    """Parse trainer flags as :func:`load_run_config` does, without a file.
+
+    Raises:
+        ConfigError: flags that cannot work.
+    """
+    argv = list(argv)
+    try:
+        run = RunConfig.from_args(parse_arguments(argv, world_size))
+    except SystemExit as e:  # argparse has printed the usage error
+        raise ConfigError(f"the flags do not parse: {' '.join(argv)}") from e
+    model = mllm_config(run)
+    try:
+        semu = apply_shape_overrides(semu_model_spec(run, model, name), shape_overrides or {})
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return LoadedConfig(name, run, model, semu.shape, semu, argv)
+
+
+def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelSpec:
+    """SEMU's description of a run: the trainer's model shape and Megatron's layout flags."""
+    args = run.args
+    tp = run.parallel.tensor
+    return ModelSpec(
+        shape=model.shape(),
+        parallel=ParallelLayout(
+            tensor=tp,
+            pipeline=run.parallel.pipeline,
+            llm_chunks_per_rank=args.virtual_pipeline_model_parallel_size or 1,
+            sequence_parallel=bool(args.sequence_parallel) and tp > 1,
+            distributed_optimizer=bool(args.use_distributed_optimizer),
+        ),
+        training=TrainingSetup(
+            micro_batch_size=run.micro_batch_size,
+            global_batch_size=run.global_batch_size,
+            seq_length=run.seq_length,
+            grad_dtype_bytes=4,
+            memory="recompute" if args.recompute_granularity == "full" else "none",
+            hidden_dropout=float(args.hidden_dropout),
+            attention_dropout=float(args.attention_dropout),
+            workload=run.workload.workload,
+            workload_seed=run.workload.workload_seed,
+            workload_token_scale=run.workload.workload_token_scale,
+            clip_grad=float(run.optimizer.clip_grad),
+            encoder_sub_microbatch_tokens=run.pipeline.encoder_sub_microbatch_tokens,
+        ),
+        projector_ffn=model.language.ffn_hidden_size if model.projector_type == "mlp" else 0,
+        name=name,
+    )
+
+
+def set_flags(pairs: Mapping[str, Any]) -> list[str]:
+    """``{"pipeline-model-parallel-size": 2, "bf16": True}`` as flags for ``extra_flags``."""
+    out = []
+    for key, value in pairs.items():
+        flag = "--" + key.lstrip("-").replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is not False and value is not None:
+            out.append(f"{flag} {shlex.quote(str(value))}")
+    return out

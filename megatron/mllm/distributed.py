@@ -1,0 +1,98 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The trainer's distributed setup, and the few collectives it calls itself.
+
+torch.distributed starts here (NCCL on GPUs, gloo on CPU) with megatron-core's parallel state.
+Everything else that communicates does so through a component that owns its collectives: the
+balancer's :class:`~orchestration.dispatcher.Dispatcher`, the pipeline runtime's
+:class:`~pipeweaver.runtime.p2p.PipelineP2P`, and megatron-core (DDP, optimizer, schedules).
+The helpers below are the trainer's own: summing the loss over DP, summing a count over a
+group, and the barrier around checkpoint files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from megatron.mllm import cpu_shim, logs
+
+logger = logging.getLogger(__name__)
+
+
+def initialize_distributed(run) -> torch.device:
+    """Start torch.distributed and megatron-core's parallel state for a
+    :class:`~megatron.mllm.run_config.RunConfig`; returns this rank's device."""
+    from megatron.core import parallel_state
+
+    backend = run.distributed.distributed_backend
+    if torch.cuda.is_available():
+        local_rank = int(os.getenv("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        if backend != "gloo":
+            logger.debug("no CUDA device: using the gloo backend instead of %s", backend)
+        backend = "gloo"
+        device = torch.device("cpu")
+    timeout = run.distributed.distributed_timeout_minutes
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=timedelta(minutes=timeout),
+            world_size=run.parallel.world_size,
+            rank=int(os.getenv("RANK", "0")),
+        )
+    if dist.get_world_size() != run.parallel.world_size:
+        raise RuntimeError(
+            f"torch.distributed has {dist.get_world_size()} ranks, expected "
+            f"{run.parallel.world_size}"
+        )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=run.parallel.tensor,
+        pipeline_model_parallel_size=run.parallel.pipeline,
+        distributed_timeout_minutes=timeout,
+    )
+    cpu_shim.model_parallel_manual_seed(run.seed)
+    torch.manual_seed(run.seed)
+    # megatron-core's DDP and optimizer consult the rerun state machine, which Megatron-LM's
+    # pretrain() creates; its re-run modes need Megatron's own loop, so it is disabled here.
+    from megatron.core import rerun_state_machine as rerun
+
+    # A process may run several trainers one after another (tests): each starts afresh, like
+    # the parallel state. It announces itself as a WARNING on every rank: a note, kept for the
+    # debug log.
+    rerun.destroy_rerun_state_machine()
+    with logs.demoted("megatron.core.rerun_state_machine"):
+        rerun.initialize_rerun_state_machine(mode=rerun.RerunMode.DISABLED)
+    return device
+
+
+def sum_over_group(tensor: torch.Tensor, group) -> torch.Tensor:
+    """``tensor`` summed over ``group``, in place (e.g. the loss over DP ranks)."""
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+def barrier() -> None:
+    """Wait for every rank (checkpoint files are complete only after it)."""
+    dist.barrier()
+
+
+def global_rank() -> int:
+    """This process's rank in the world."""
+    return dist.get_rank()
+
+
+def world_size() -> int:
+    """Processes in the world."""
+    return dist.get_world_size()
+
+
+def shutdown() -> None:
+    """Destroy the default process group, if one was started."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

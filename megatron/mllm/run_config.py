@@ -1,0 +1,355 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""OrchWeave's run configuration: typed dataclasses, the one source of its flags.
+
+Each dataclass below is both documentation and command line: megatron-training's
+``ArgumentGroupFactory`` turns its fields into an argparse group of Megatron's parser (field
+``workload_token_scale`` is ``--workload-token-scale``; the docstring under a field is its
+help), exactly as Megatron-LM builds its own groups from ``megatron.training.config``. After
+parsing, :meth:`RunConfig.from_args` instantiates them, together with Megatron's and
+megatron-core's config dataclasses, into one typed :class:`RunConfig`. The trainer, SEMU, the
+benchmarks and the tools all read a run through it (``megatron.mllm.config_files`` builds it
+from a ``scripts/configs`` file).
+
+This module is pure Python; parsing and validation are in :mod:`megatron.mllm.arguments`.
+"""
+
+# No ``from __future__ import annotations``: ArgumentGroupFactory reads the field types.
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from orchestration.workload import PHASES
+from orchestration.workload_spec import DEFAULT_WORKLOAD
+
+ENCODER_NAMES: tuple[str, ...] = tuple(p for p in PHASES if p != "llm")
+"""The encoders the model can have, in the order a sample flows through them."""
+
+
+@dataclass(kw_only=True)
+class WorkloadConfig:
+    """OrchWeave: the workload a run trains on."""
+
+    workload: str = DEFAULT_WORKLOAD
+    """Workload spec (path or built-in name, e.g. omni-three-modality) or a JSONL file of
+    sample metadata."""
+
+    workload_seed: int | None = None
+    """Seed of the generated sample stream and payloads. Default: --seed."""
+
+    workload_token_scale: float = 1.0
+    """Multiply every token count of the workload by this factor (each rounded, at least 1), to
+    run a realistic mix on a small model."""
+
+    synthetic_num_classes: int = 16
+    """Hidden classes of synthetic images/audio; the text after an item names its class, so the
+    LM loss can only reach its floor by reading the encoders."""
+
+
+@dataclass(kw_only=True)
+class EncoderArgs:
+    """OrchWeave: one encoder's sizes; field ``num_layers`` of the vision encoder is the flag
+    ``--vision-num-layers``."""
+
+    num_layers: int = 2
+    """Transformer layers of this encoder (0: the model has no such encoder)."""
+
+    hidden_size: int | None = None
+    """Hidden size of this encoder. Default: --hidden-size."""
+
+    num_attention_heads: int | None = None
+    """Attention heads of this encoder. Default: --num-attention-heads."""
+
+    ffn_hidden_size: int | None = None
+    """MLP hidden size of this encoder. Default: 4 x its hidden size."""
+
+
+@dataclass(kw_only=True)
+class MultimodalConfig:
+    """OrchWeave: encoder inputs and projectors."""
+
+    vision_patch_size: int = 14
+    """Pixels per patch side; each vision token is a 3 x p x p patch."""
+
+    audio_feature_dim: int = 128
+    """Features per audio frame (mel bins) fed to the audio encoder."""
+
+    projector_type: Literal["mlp", "affine"] = "mlp"
+    """Encoder-to-LLM projector (megatron-core MultimodalProjector)."""
+
+
+@dataclass(kw_only=True)
+class PostBalanceConfig:
+    """OrchWeave: batch post-balancing across data-parallel ranks (OrchMLLM)."""
+
+    post_balance: Literal["none", "lpt", "kk", "auto"] = "none"
+    """Re-balance every iteration's work across data-parallel ranks after loading: per phase
+    (each encoder, then the LLM) with PP=1, whole samples across DP groups with PP>1. lpt/kk:
+    greedy or Karmarkar-Karp plus a refinement pass; auto: the best of all within a small work
+    budget. none: upstream Megatron."""
+
+    balance_phases: list[str] = field(
+        default_factory=lambda: list(PHASES), metadata={"argparse_meta": {"choices": PHASES}}
+    )
+    """Phases to balance with PP=1; the others keep the loader's assignment. Default: all."""
+
+    node_wise_a2a: bool = False
+    """Move data with the node-wise all-to-all (one message per node pair) instead of one flat
+    all-to-all."""
+
+    gpus_per_node: int | None = None
+    """Ranks per node, for node-aware placement and --node-wise-a2a. Default: $LOCAL_WORLD_SIZE
+    (set by torchrun), else the visible GPUs, else 8."""
+
+    check_plan_digest: bool = field(
+        default=True, metadata={"argparse_meta": {"arg_names": ["--no-check-plan-digest"]}}
+    )
+    """Compare the balance plan's digest across DP ranks every iteration;
+    --no-check-plan-digest skips the comparison."""
+
+    post_balance_token_caps: list[str] = field(
+        default_factory=list, metadata={"argparse_meta": {"metavar": "PHASE=TOKENS"}}
+    )
+    """Largest summed tokens a rank may get in a phase (memory), e.g. vision=8192 llm=16384. A
+    single item larger than its cap is an error naming the sample."""
+
+    cost_calibration: str | None = None
+    """Calibration JSON of measured per-layer times (tools/calibrate.py) for the balancer's cost
+    model. Default: costs from the model's FLOPs."""
+
+    @property
+    def token_caps(self) -> dict[str, int]:
+        """``--post-balance-token-caps`` as phase -> tokens (checked by the argument parser)."""
+        return {p: int(v) for p, _, v in (c.partition("=") for c in self.post_balance_token_caps)}
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    """OrchWeave: the pipeline runtime (PipeWeaver/DIP)."""
+
+    pipeline_schedule: Literal["megatron", "1f1b", "interleaved", "dynamic"] = "megatron"
+    """megatron: megatron-core's own engine (encoders on stage 0, fixed padded shapes). 1f1b /
+    interleaved: the same orders in OrchWeave's schedule IR, run by its runtime (no padding).
+    dynamic: every module cut into chunks over all stages, a new greedy dual-queue order every
+    batch."""
+
+    vision_chunks_per_stage: int = 1
+    """K: the vision encoder is cut into pipeline-size x K chunks, chunk j on stage j mod P
+    (dynamic)."""
+
+    audio_chunks_per_stage: int = 1
+    """K: the audio encoder is cut into pipeline-size x K chunks (dynamic)."""
+
+    llm_chunks_per_stage: int = 1
+    """K: the LLM is cut into pipeline-size x K chunks (dynamic and interleaved)."""
+
+    encoder_sub_microbatch_tokens: int = 0
+    """Split each microbatch's images/audio into sub-microbatches of at most this many encoder
+    tokens (whole items) that flow through the encoder chunks separately; 0 keeps one sub per
+    encoder and microbatch."""
+
+    pipeline_recompute: Literal["none", "all"] = "none"
+    """Runtime schedules: recompute every chunk's forward in its backward (activation
+    checkpointing per stage)."""
+
+    def chunks_per_stage(self) -> dict[str, int]:
+        """K per module."""
+        return {m: getattr(self, f"{m}_chunks_per_stage") for m in PHASES}
+
+    @property
+    def uses_runtime(self) -> bool:
+        """Whether the schedule is one of OrchWeave's runtime (it runs only with PP > 1)."""
+        return self.pipeline_schedule != "megatron"
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """OrchWeave: logs and metrics."""
+
+    log_level: Literal["debug", "info", "warning", "error"] | None = None
+    """Level of the run's log. Default: Megatron's --logging-level, else info. At info the log
+    is the setup summary and the iteration lines; debug adds megatron-core's parameter listings
+    and repeated warnings."""
+
+    metrics_jsonl: str | None = None
+    """Append one JSON object of metrics per iteration to this file (last rank only)."""
+
+
+OPTION_GROUPS: tuple[tuple[str, type], ...] = (
+    ("OrchWeave: workload", WorkloadConfig),
+    ("OrchWeave: encoder inputs and projectors", MultimodalConfig),
+    ("OrchWeave: batch post-balancing (OrchMLLM)", PostBalanceConfig),
+    ("OrchWeave: pipeline runtime (PipeWeaver/DIP)", PipelineConfig),
+    ("OrchWeave: logging", LoggingConfig),
+)
+"""OrchWeave's flag groups besides the encoders' (those are :class:`EncoderArgs` per encoder)."""
+
+
+def config_from_args(cls: type, args: Any, prefix: str = "", **overrides: Any):
+    """Instantiate config dataclass ``cls`` from parsed arguments carrying its field names.
+
+    Args:
+        cls: a dataclass whose fields are (``prefix_`` +) argument names.
+        args: the parsed namespace.
+        prefix: for per-encoder groups, the encoder's name.
+        **overrides: fields set otherwise than from an argument of the same name.
+    """
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    key = (lambda n: f"{prefix}_{n}") if prefix else (lambda n: n)
+    kwargs = {n: getattr(args, key(n)) for n in names if hasattr(args, key(n))}
+    return cls(**{**kwargs, **overrides})
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The parallel layout of a run."""
+
+    world_size: int
+    """Processes."""
+
+    tensor: int
+    """Tensor-parallel size."""
+
+    pipeline: int
+    """Pipeline-parallel size."""
+
+    @property
+    def data(self) -> int:
+        """Data-parallel size."""
+        return self.world_size // (self.tensor * self.pipeline)
+
+
+@dataclass
+class RunConfig:
+    """Everything a run is configured with, typed: Megatron's configs and OrchWeave's."""
+
+    parallel: ParallelConfig
+    """TP, PP, DP and the world size."""
+
+    training: Any
+    """``megatron.training.config.TrainingConfig``: batch sizes, iterations, exit interval."""
+
+    scheduler: Any
+    """``megatron.training.config.SchedulerConfig``: the learning-rate and weight-decay
+    schedules."""
+
+    checkpoint: Any
+    """``megatron.training.config.CheckpointConfig``: --save, --load and their intervals."""
+
+    logger: Any
+    """``megatron.training.config.LoggerConfig``: --log-interval, --logging-level, ..."""
+
+    optimizer: Any
+    """``megatron.core.optimizer.OptimizerConfig``."""
+
+    ddp: Any
+    """``megatron.core.distributed.DistributedDataParallelConfig``."""
+
+    distributed: Any
+    """``megatron.training.config.DistributedInitConfig``: backend and timeout."""
+
+    seq_length: int
+    """LLM sequence length (``--seq-length``)."""
+
+    seed: int
+    """``--seed``: initialisation and, by default, the workload."""
+
+    workload: WorkloadConfig
+    """The data."""
+
+    encoders: Mapping[str, EncoderArgs]
+    """Per encoder present (``--<name>-num-layers`` > 0), its sizes with defaults resolved."""
+
+    multimodal: MultimodalConfig
+    """Encoder inputs and projectors."""
+
+    balance: PostBalanceConfig
+    """Batch post-balancing."""
+
+    pipeline: PipelineConfig
+    """The pipeline runtime."""
+
+    logging: LoggingConfig
+    """Logs and metrics."""
+
+    args: Any = field(repr=False, default=None)
+    """The parsed namespace itself, for megatron-core helpers that take Megatron's ``args``
+    (``core_transformer_config_from_args``)."""
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per microbatch per DP rank (Megatron's order)."""
+        return self.training.micro_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per iteration over all DP ranks."""
+        return self.training.global_batch_size
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per DP rank per iteration, as Megatron loads them."""
+        return self.global_batch_size // (self.micro_batch_size * self.parallel.data)
+
+    @property
+    def uses_runtime(self) -> bool:
+        """Whether OrchWeave's pipeline runtime runs the step (a runtime schedule, PP > 1)."""
+        return self.pipeline.uses_runtime and self.parallel.pipeline > 1
+
+    @property
+    def packing_limit(self) -> int:
+        """Most LLM tokens of one microbatch: ``--micro-batch-size x --seq-length``."""
+        return self.micro_batch_size * self.seq_length
+
+    @classmethod
+    def from_args(cls, args) -> "RunConfig":
+        """Instantiate every config dataclass from arguments parsed and checked by
+        :func:`megatron.mllm.arguments.parse_arguments`."""
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.training.config import (
+            CheckpointConfig,
+            DistributedInitConfig,
+            LoggerConfig,
+            SchedulerConfig,
+            TrainingConfig,
+        )
+
+        checkpoint = config_from_args(
+            CheckpointConfig, args, load_optim=not args.no_load_optim, load_rng=not args.no_load_rng
+        )
+        # Megatron's flag names differ from DDP's fields here; overlapped gradient reduction and
+        # the distributed optimizer are not supported by OrchWeave's steps yet.
+        ddp = config_from_args(
+            DistributedDataParallelConfig,
+            args,
+            grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
+            check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=False,
+        )
+        encoders = {}
+        for name in ENCODER_NAMES:
+            enc = config_from_args(EncoderArgs, args, prefix=name)
+            if enc.num_layers > 0:
+                encoders[name] = enc
+        return cls(
+            parallel=ParallelConfig(
+                args.world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+            ),
+            training=config_from_args(TrainingConfig, args),
+            scheduler=config_from_args(SchedulerConfig, args),
+            checkpoint=checkpoint,
+            logger=config_from_args(LoggerConfig, args),
+            optimizer=config_from_args(OptimizerConfig, args),
+            ddp=ddp,
+            distributed=config_from_args(DistributedInitConfig, args),
+            seq_length=args.seq_length,
+            seed=args.seed,
+            workload=config_from_args(WorkloadConfig, args),
+            encoders=encoders,
+            multimodal=config_from_args(MultimodalConfig, args),
+            balance=config_from_args(PostBalanceConfig, args),
+            pipeline=config_from_args(PipelineConfig, args),
+            logging=config_from_args(LoggingConfig, args),
+            args=args,
+        )

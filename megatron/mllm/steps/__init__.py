@@ -1,0 +1,118 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The training modes, each a ``forward_backward_func`` with megatron-core 0.19's contract.
+
+Chosen once at start-up from the run config (:func:`build_stage_model`, :func:`build_step`):
+
+========================  ================================================================
+mode                      step
+========================  ================================================================
+upstream Megatron         megatron-core's ``get_forward_backward_func()`` over packed
+                          microbatches (padded to a fixed shape with PP > 1)
+pipeline runtime          OrchWeave's :class:`~pipeweaver.runtime.executor.PipelineRuntime`
+                          (``--pipeline-schedule 1f1b|interleaved|dynamic`` with PP > 1)
+per-phase balancing       :class:`~megatron.mllm.steps.phase_balanced.PhaseBalancedStep`
+                          (``--post-balance`` with PP = 1)
+whole-sample balancing    :class:`~megatron.mllm.steps.sample_balanced.SampleBalancedStep`
+                          ahead of either pipeline engine (``--post-balance`` with PP > 1)
+========================  ================================================================
+
+The trainer calls whichever was chosen, the same way, and never asks which one it is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.mllm.batch import build_microbatch
+from megatron.mllm.config import MLLMConfig
+from megatron.mllm.model import PipelineStageModel, PlacedModel
+from megatron.mllm.pipeline import (
+    RuntimeModel,
+    build_pipeline_microbatch,
+    runtime_placement,
+    schedule_function,
+)
+from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
+from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
+from megatron.mllm.steps.sample_balanced import SampleBalancedStep
+from orchestration.calibration import Calibration
+from orchestration.cost_model import CostModel
+from orchestration.dispatcher import Dispatcher
+from pipeweaver.ir import Memory
+from pipeweaver.runtime.executor import PipelineRuntime
+from pipeweaver.runtime.p2p import PipelineP2P
+
+__all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
+
+
+def build_stage_model(run, mllm: MLLMConfig, pp_rank: int, pg_collection) -> PlacedModel:
+    """This rank's share of the model: the baseline placement, or the runtime's."""
+    if not run.uses_runtime:
+        return PipelineStageModel(mllm, pp_rank, run.parallel.pipeline, pg_collection)
+    placement = runtime_placement(
+        run.pipeline.pipeline_schedule, run.parallel.pipeline, mllm, run.pipeline.chunks_per_stage()
+    )
+    return RuntimeModel(mllm, placement, pp_rank, pg_collection)
+
+
+def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
+               device: torch.device) -> TrainingStep:  # fmt: skip
+    """The run's training step, for the (unwrapped) stage model built by
+    :func:`build_stage_model`."""
+    engine = _engine(run, mllm, model, pg_collection, device)
+    if run.balance.post_balance == "none":
+        return engine
+    calibration = None
+    if run.balance.cost_calibration:
+        calibration = Calibration.load(run.balance.cost_calibration)
+    cost_model = CostModel.build(mllm.shape(), calibration)
+    if run.parallel.pipeline == 1:
+        return PhaseBalancedStep(run, mllm, dispatcher, cost_model, pg_collection, device)
+    return SampleBalancedStep(
+        engine,
+        run,
+        mllm,
+        dispatcher,
+        cost_model,
+        pg_collection.pp,
+        model.holds_encoder_inputs,
+        device,
+    )
+
+
+def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
+    """The pipeline engine: megatron-core's schedules, or OrchWeave's runtime."""
+    with_features = model.holds_encoder_inputs
+    encoders = list(mllm.encoders)
+    if not run.uses_runtime:
+        # megatron-core's pipeline communicates one fixed activation shape.
+        pad_to = run.packing_limit if run.parallel.pipeline > 1 else None
+        engine = get_forward_backward_func(pp_size=run.parallel.pipeline, vp_size=None)
+
+        def pack(samples):
+            return build_microbatch(samples, encoders, pad_to=pad_to, device=device,
+                                    with_features=with_features, max_pad_run=run.seq_length)  # fmt: skip
+
+        return PackedStep(engine, pack, engine.__name__, padded_length=pad_to)
+    config = mllm.language
+    name = run.pipeline.pipeline_schedule
+    memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE
+    runtime = PipelineRuntime(
+        model.placement,
+        model.stage,
+        PipelineP2P(pg_collection.pp),
+        schedule_function(name, mllm.shape(), memory),
+        device,
+        config.pipeline_dtype or config.params_dtype,
+    )
+    sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+    chunks = ", ".join(
+        f"{m} {model.placement.num_chunks(m)} chunks" for m in model.placement.modules
+    )
+
+    def pack(samples):
+        return build_pipeline_microbatch(samples, mllm, device, with_features, sub_tokens)
+
+    schedule = f"{name} (OrchWeave runtime, {chunks})"
+    return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime)

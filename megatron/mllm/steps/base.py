@@ -1,0 +1,117 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""What every training step is: megatron-core's ``forward_backward_func``, plus its report.
+
+A step is called exactly as megatron-core 0.19's ``get_forward_backward_func()`` result is
+(keyword arguments ``forward_step_func``, ``data_iterator``, ``model``, ``num_microbatches``,
+``seq_length``, ``micro_batch_size``, ``forward_only``, ...), runs the forward and backward of
+one global batch on this rank, and returns the loss dicts of the microbatches whose loss it
+computed. Its ``data_iterator`` yields the loader's microbatches
+(:class:`~megatron.mllm.data.LoadedMicrobatch`): raw samples, which each step packs, moves or
+re-plans as its mode requires. Beyond the contract a step says what it is (:meth:`describe`)
+and what it did in its latest call (:attr:`balance_stats`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from megatron.mllm.data import LoadedMicrobatch
+
+
+@dataclass
+class BalanceStats:
+    """What balancing did in one iteration, for the log line and metrics."""
+
+    imbalance_before: dict[str, float] = field(default_factory=dict)
+    """Per phase, predicted max/mean load across DP ranks without balancing."""
+
+    imbalance_after: dict[str, float] = field(default_factory=dict)
+    """Per phase, the same with the plan."""
+
+    bytes_moved: int = 0
+    """Payload and activation bytes that crossed ranks (all ranks, forward and backward)."""
+
+    moved_fraction: dict[str, float] = field(default_factory=dict)
+    """Per phase, the fraction of items that changed rank."""
+
+    num_microbatches: int = 0
+    """Microbatches this rank ran."""
+
+
+class TrainingStep:
+    """Base of the training modes (see the module docstring)."""
+
+    padded_length: int | None = None
+    """The fixed length every microbatch is padded to, or None when the step packs without
+    padding (it decides what the loader's assignment would have cost)."""
+
+    def __init__(self) -> None:
+        self.balance_stats: BalanceStats | None = None
+        """What balancing did in the latest call; None for steps that do not balance."""
+
+    def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
+                 seq_length: int | None = None, micro_batch_size: int | None = None,
+                 decoder_seq_length: int | None = None, forward_only: bool = False,
+                 collect_non_loss_data: bool = False, first_val_step: bool | None = None,
+                 adjust_tensor_shapes_fn=None, p2p_communicator=None, pg_collection=None,
+                 force_all_reduce: bool | None = False) -> list:  # fmt: skip
+        """Forward and backward of one global batch (megatron-core's contract)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The step for the setup line: ``post-balance: ... | schedule: ...``."""
+        raise NotImplementedError
+
+
+def take(data_iterator, num_microbatches: int) -> list[LoadedMicrobatch]:
+    """The step's ``num_microbatches`` loaded microbatches."""
+    return [next(data_iterator) for _ in range(num_microbatches)]
+
+
+class PackedStep(TrainingStep):
+    """An engine that runs packed microbatches: megatron-core's own, or OrchWeave's runtime.
+
+    The step packs each loaded microbatch as its engine needs it (padded to a fixed shape for
+    megatron-core's pipeline, unpadded with encoder sub-microbatches for the runtime) and hands
+    them over unchanged otherwise.
+    """
+
+    def __init__(self, engine: Callable[..., list], pack: Callable[[list], Any], schedule: str,
+                 padded_length: int | None = None, runtime: Any = None):  # fmt: skip
+        """Args:
+        engine: a ``forward_backward_func`` over packed microbatches.
+        pack: ``(metadata, payload)`` pairs -> one packed microbatch.
+        schedule: names the engine's order for the setup line.
+        padded_length: the fixed microbatch length ``pack`` pads to, if any.
+        runtime: the :class:`~pipeweaver.runtime.executor.PipelineRuntime` whose
+            ``forward_backward`` is ``engine``, when the engine is OrchWeave's.
+        """
+        super().__init__()
+        self.engine = engine
+        self.pack = pack
+        self.schedule = schedule
+        self.padded_length = padded_length
+        self.runtime = runtime
+
+    def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
+                 micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
+        microbatches = [self.pack(mb.pairs()) for mb in take(data_iterator, num_microbatches)]
+        return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
+
+    def run_packed(self, microbatches: list, *, seq_length: int | None = None,
+                   micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
+        """Run the engine on microbatches already packed by :attr:`pack` (``micro_batch_size``
+        is the loader's; a packed microbatch is one sequence)."""
+        # Packed microbatches are one sequence of S tokens ([S, 1, h]): megatron-core's
+        # pipeline communicates that shape, padded to a fixed S.
+        return self.engine(
+            data_iterator=iter(microbatches),
+            num_microbatches=len(microbatches),
+            seq_length=self.padded_length or seq_length,
+            micro_batch_size=1,
+            **kwargs,
+        )
+
+    def describe(self) -> str:
+        return f"post-balance: none | schedule: {self.schedule}"

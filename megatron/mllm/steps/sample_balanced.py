@@ -1,0 +1,140 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Whole-sample batch post-balancing as a training step (PP > 1).
+
+With pipeline parallelism each DP group runs its own pipeline, so the balancer sits ahead of
+the groups: whole samples (token ids and, on stages that run an encoder's input layer, their
+features) move between DP groups to balance the predicted cost of each group's batch
+(``orchestration.sample_plan``); inside the group the microbatches are formed by cost within
+the packing limit, then the group's engine (megatron-core's pipeline or OrchWeave's runtime)
+runs them. Every pipeline stage moves what it needs within its own DP group.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from megatron.mllm import distributed
+from megatron.mllm.batch import SamplePayload
+from megatron.mllm.config import MLLMConfig
+from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep, take
+from megatron.mllm.steps.phase_balanced import BALANCE_ALGORITHMS
+from orchestration.balance import max_over_mean
+from orchestration.cost_model import CostModel
+from orchestration.dispatcher import Dispatcher
+from orchestration.metadata import sample_encoder_tokens
+from orchestration.microbatches import form_microbatches
+from orchestration.sample_plan import plan_whole_samples
+
+
+class SampleBalancedStep(TrainingStep):
+    """Whole samples re-assigned across DP groups, then the group's engine."""
+
+    def __init__(self, engine: PackedStep, run, mllm: MLLMConfig, dispatcher: Dispatcher,
+                 cost_model: CostModel, pp_group, with_features: bool,
+                 device: torch.device):  # fmt: skip
+        """Args:
+        engine: the group's pipeline, with its packing.
+        run: the :class:`~megatron.mllm.run_config.RunConfig`.
+        mllm: the model.
+        dispatcher: collectives over this stage's DP group.
+        cost_model: the planner's per-phase costs.
+        pp_group: this rank's pipeline group (to add up what every stage moved).
+        with_features: this stage runs an encoder's input layer, so features move too.
+        device: this rank's device.
+        """
+        super().__init__()
+        self.engine = engine
+        self.padded_length = engine.padded_length
+        self.balance = run.balance
+        self.algorithm = BALANCE_ALGORITHMS[run.balance.post_balance]
+        self.packing_limit = run.packing_limit
+        self.mllm = mllm
+        self.dispatcher = dispatcher
+        self.cost_model = cost_model
+        self.pp_group = pp_group
+        self.with_features = with_features
+        self.device = device
+
+    def describe(self) -> str:
+        text = f"post-balance: {self.balance.post_balance}, whole samples across DP groups"
+        if self.balance.node_wise_a2a:
+            text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
+        return f"{text} | schedule: {self.engine.schedule}"
+
+    def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
+        loaded = take(data_iterator, num_microbatches)
+        metadata = loaded[0].batch.metadata
+        local = [s for mb in loaded for s in mb.samples]
+        disp, me = self.dispatcher, self.dispatcher.rank
+        plan = plan_whole_samples(metadata, self.cost_model, algorithm=self.algorithm)
+        if self.balance.check_plan_digest:
+            disp.check_digest(plan.digest)
+        disp.reset_counters()
+        route = plan.dispatch
+        # Token ids: every stage builds its labels and shapes from them.
+        tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local]))
+        got_tokens = disp.move(route, tokens.view(-1, 1), route.rows[route.src_items(me)])
+        got_tokens = got_tokens[:, 0].numpy()
+        feats: dict[str, np.ndarray] = {}
+        if self.with_features:
+            for enc, spec in self.mllm.encoders.items():
+                # Feature rows of every sample: its encoder tokens of this encoder.
+                rows = sample_encoder_tokens(metadata, enc)
+                parts = [u for s in local for u in s.payload.units.get(enc, [])]
+                sent = (
+                    torch.from_numpy(np.concatenate(parts))
+                    if parts
+                    else torch.zeros(0, spec.input_dim)
+                )
+                got = disp.move(route.with_rows(rows), sent, rows[route.src_items(me)])
+                feats[enc] = got.numpy()
+        mine = route.dst_items(me)
+        samples = self._samples(plan, metadata, mine, got_tokens, feats)
+        ids = metadata.sample_ids
+        mb_plan = form_microbatches(
+            plan.costs[mine],
+            plan.items.tokens[mine],
+            num_microbatches,
+            self.packing_limit,
+            labels=[f"sample {ids[s]!r}" for s, _, _ in samples],
+        )
+        microbatches = [
+            self.engine.pack([(samples[i][1], samples[i][2]) for i in mb])
+            for mb in mb_plan.microbatches
+        ]
+        stats = BalanceStats(
+            imbalance_before={"groups": plan.imbalance_before},
+            imbalance_after={"groups": plan.imbalance_after},
+            moved_fraction={"samples": route.moved_items / max(1, route.size)},
+            num_microbatches=len(microbatches),
+        )
+        for phase in plan.phase_costs:
+            stats.imbalance_before[phase] = max_over_mean(plan.phase_loads(phase, after=False))
+            stats.imbalance_after[phase] = max_over_mean(plan.phase_loads(phase, after=True))
+        # Each pipeline stage moved what it needs within its own DP group: add them up.
+        moved = torch.tensor([disp.bytes_moved], dtype=torch.float64, device=self.device)
+        stats.bytes_moved = int(distributed.sum_over_group(moved, self.pp_group).item())
+        self.balance_stats = stats
+        return self.engine.run_packed(microbatches, **kwargs)
+
+    def _samples(self, plan, metadata, mine, got_tokens, feats):
+        """This group's ``(sample, meta, payload)``, in destination order."""
+        samples, t0 = [], 0
+        f0 = {e: 0 for e in self.mllm.encoders}
+        for item in mine.tolist():
+            s = int(plan.items.sample[item])
+            meta = metadata.sample_meta(s)
+            n = meta.llm_tokens
+            payload = SamplePayload(tokens=got_tokens[t0 : t0 + n])
+            t0 += n
+            if self.with_features:
+                for enc in self.mllm.encoders:
+                    parts = []
+                    for u in meta.encoder_units(enc):
+                        parts.append(feats[enc][f0[enc] : f0[enc] + u])
+                        f0[enc] += u
+                    if parts:
+                        payload.units[enc] = parts
+            samples.append((s, meta, payload))
+        return samples
