@@ -36,16 +36,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Kind,
-    Schedule,
-    ScheduleError,
-    consumers,
-    data_inputs,
-    stages,
-)
+from pipeweaver.dataflow import consumers, data_inputs, stages
+from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
+from pipeweaver.schedule import Schedule
 
 __all__ = ["CheckReport", "ScheduleError", "check"]
 

@@ -16,20 +16,11 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from pipeweaver.ir import (
-    Action,
-    Comm,
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    dependencies,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, dependencies, dependency_graph, stages
+from pipeweaver.ir import Action, Comm, Compute, Kind, Memory
 from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 MUTATIONS: tuple[str, ...] = (
     "drop-recv",

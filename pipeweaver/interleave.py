@@ -20,19 +20,11 @@ import heapq
 from typing import Callable, Sequence
 
 from orchestration.model_shape import ModelShape
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    data_inputs,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, data_inputs, dependency_graph, stages
+from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 _MODULE_ORDER = {"vision": 0, "audio": 1, "llm": 2}
 

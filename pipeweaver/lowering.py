@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeweaver.ir import Comm, CommOp, Compute, Schedule, ScheduleError, consumers, data_inputs
+from pipeweaver.dataflow import consumers, data_inputs
+from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
+from pipeweaver.schedule import Schedule
 
 
 def lower(schedule: Schedule) -> Schedule:

@@ -713,8 +713,9 @@ def measure_trainer(
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import schedules
     from megatron.mllm import training
-    from pipeweaver.ir import Compute, Kind, Placement
-    from pipeweaver.schedules import generate
+    from pipeweaver.generators import generate
+    from pipeweaver.ir import Compute, Kind
+    from pipeweaver.placement import Placement
     from pipeweaver.semu.batches import pack_microbatch, structure_of
     from pipeweaver.semu.hardware import DEVICES, ClusterSpec
     from pipeweaver.semu.simulator import Semu

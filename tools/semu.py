@@ -60,9 +60,10 @@ from orchestration.workload import (  # noqa: E402
     read_jsonl,
 )
 from pipeweaver.checker import check  # noqa: E402
+from pipeweaver.generators import generate  # noqa: E402
 from pipeweaver.interleave import flops_durations, greedy_dual_queue  # noqa: E402
-from pipeweaver.ir import Memory, Placement, ScheduleError  # noqa: E402
-from pipeweaver.schedules import generate  # noqa: E402
+from pipeweaver.ir import Memory, ScheduleError  # noqa: E402
+from pipeweaver.placement import Placement  # noqa: E402
 from pipeweaver.semu import trace  # noqa: E402
 from pipeweaver.semu.batches import step_microbatches, structure_of  # noqa: E402
 from pipeweaver.semu.hardware import ClusterSpec  # noqa: E402

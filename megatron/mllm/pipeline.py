@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The model and data side of OrchWeave's pipeline runtime (``pipeweaver.runtime``).
 
-- :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.ir.Placement` (any
+- :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.placement.Placement` (any
   module cut anywhere) as one megatron-core module, so megatron-core's DDP, optimizer and
   ``finalize_model_grads`` treat it like any stage model;
 - :class:`ChunkStage` gives one chunk megatron-core's model contract (``set_input_tensor``,
@@ -38,9 +38,10 @@ from megatron.mllm.config import MLLMConfig
 from orchestration.model_shape import ModelShape
 from orchestration.packing import sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from pipeweaver.generators import interleaved_one_f_one_b, one_f_one_b
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
-from pipeweaver.ir import Compute, Memory, Placement
-from pipeweaver.schedules import interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.ir import Compute, Memory
+from pipeweaver.placement import Placement
 
 RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
 """``--pipeline-schedule`` values run by OrchWeave's runtime (``megatron`` is megatron-core's)."""

@@ -43,18 +43,11 @@ from megatron.core.pipeline_parallel.schedules import (
     forward_step,
 )
 from pipeweaver.checker import check
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    data_inputs,
-)
+from pipeweaver.dataflow import MicrobatchStructure, data_inputs
+from pipeweaver.ir import Comm, Compute, Kind, Memory, ScheduleError
+from pipeweaver.placement import Placement
 from pipeweaver.runtime.p2p import PipelineP2P
+from pipeweaver.schedule import Schedule
 
 
 class RuntimeMicrobatch(Protocol):

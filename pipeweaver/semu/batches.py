@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
-from pipeweaver.ir import MicrobatchStructure
+from pipeweaver.dataflow import MicrobatchStructure
 
 
 @dataclass(frozen=True)

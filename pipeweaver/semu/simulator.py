@@ -33,16 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.calibration import Calibration
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Placement,
-    Schedule,
-    ScheduleError,
-    consumers,
-    data_inputs,
-    stages,
-)
+from pipeweaver.dataflow import consumers, data_inputs, stages
+from pipeweaver.ir import Compute, Kind, ScheduleError
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.costs import CostModel, StageCost
 from pipeweaver.semu.hardware import ClusterSpec

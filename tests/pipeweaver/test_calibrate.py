@@ -14,8 +14,8 @@ import pytest
 
 from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadGenerator, WorkloadSpec
-from pipeweaver.ir import Placement
-from pipeweaver.schedules import generate
+from pipeweaver.generators import generate
+from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import step_microbatches, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
 from pipeweaver.semu.model import ModelCosts, flags_to_argv, load_model_config, model_from_flags

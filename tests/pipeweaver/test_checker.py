@@ -8,24 +8,18 @@ import itertools
 import pytest
 
 from pipeweaver.checker import check
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    stages,
-)
-from pipeweaver.lowering import lower
-from pipeweaver.schedules import (
+from pipeweaver.dataflow import MicrobatchStructure, stages
+from pipeweaver.generators import (
     dataflow,
     interleaved_one_f_one_b,
     megatron_schedule_table,
     no_pipelining,
     one_f_one_b,
 )
+from pipeweaver.ir import Comm, Compute, Memory, ScheduleError
+from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 LAYERS = {"vision": 4, "audio": 2, "llm": 8}
 

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from orchestration.calibration import Calibration, LayerTimeModel
 from orchestration.workload import WorkloadGenerator, WorkloadSpec
 from pipeweaver.checker import check
-from pipeweaver.ir import Kind, MicrobatchStructure, Placement
-from pipeweaver.schedules import dataflow, generate, interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.generators import dataflow, generate, interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.ir import Kind
+from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, step_microbatches, structure_of
 from pipeweaver.semu.costs import StageCost
 from pipeweaver.semu.hardware import ClusterSpec

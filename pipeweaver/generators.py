@@ -26,18 +26,11 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Mapping
 
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, dependency_graph, stages
+from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 
 def _stage0_forward(
