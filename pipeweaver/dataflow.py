@@ -2,7 +2,7 @@
 """The data flow of a step: which computes exist, what each consumes, who consumes its output.
 
 A step's computes follow from its placement and its :class:`MicrobatchStructure` (microbatches,
-and each encoder's subs per microbatch): :func:`stages` lists them all. The rules
+and each encoder's subs per microbatch): :func:`all_computes` lists them all. The rules
 (:func:`dependencies`, the one definition used by the lowering, the checker, SEMU and the
 runtime):
 
@@ -75,8 +75,8 @@ class MicrobatchStructure:
         return cls(num_microbatches, {e: (n,) * num_microbatches for e, n in subs.items()})
 
 
-def stages(placement: Placement, structure: MicrobatchStructure) -> Iterator[Compute]:
-    """Every stage (F and B) the step must run, without memory strategies."""
+def all_computes(placement: Placement, structure: MicrobatchStructure) -> Iterator[Compute]:
+    """Every compute (F and B) the step must run, without memory strategies."""
     for m in range(structure.num_microbatches):
         for module in placement.modules:
             subs = 1 if module == "llm" else structure.num_subs(module, m)
@@ -86,7 +86,7 @@ def stages(placement: Placement, structure: MicrobatchStructure) -> Iterator[Com
                         yield Compute(module, c, kind, m, s)
 
 
-def _check_stage(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
+def _check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
     if a.module not in placement.chunks:
         raise ScheduleError(f"the model has no {a.module} module", action=a)
     if a.chunk >= placement.num_chunks(a.module):
@@ -109,15 +109,15 @@ def _check_stage(a: Compute, placement: Placement, structure: MicrobatchStructur
 def data_inputs(
     action: Compute, placement: Placement, structure: MicrobatchStructure
 ) -> list[tuple[Compute, Part | None]]:
-    """The tensors a stage consumes from other stages: ``(producer, part)`` pairs.
+    """The tensors a compute consumes from other computes: ``(producer, part)`` pairs.
 
     Its own F (for a B) is not listed: saved activations never travel.
 
     Raises:
-        ScheduleError: the stage does not exist in this placement and structure.
+        ScheduleError: the compute does not exist in this placement and structure.
     """
     a = action.key
-    _check_stage(a, placement, structure)
+    _check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk > 0:
@@ -139,16 +139,16 @@ def data_inputs(
 def dependencies(
     action: Action, placement: Placement, structure: MicrobatchStructure
 ) -> tuple[Compute, ...]:
-    """The stages an action needs finished before it can run (without memory strategies).
+    """The computes an action needs finished before it can run (without memory strategies).
 
     The one definition of the data flow, used by the lowering, the checker, SEMU and the
-    runtime. For a :class:`Comm`, the stage that produces its tensor.
+    runtime. For a :class:`Comm`, the compute that produces its tensor.
 
     Raises:
-        ScheduleError: the action names a stage that does not exist.
+        ScheduleError: the action names a compute that does not exist.
     """
     if isinstance(action, Comm):
-        _check_stage(action.tensor, placement, structure)
+        _check_compute(action.tensor, placement, structure)
         return (action.tensor,)
     deps = [p for p, _ in data_inputs(action, placement, structure)]
     if action.kind is Kind.B:
@@ -157,17 +157,17 @@ def dependencies(
 
 
 def dependency_graph(
-    all_stages: Sequence[Compute], placement: Placement, structure: MicrobatchStructure
+    computes: Sequence[Compute], placement: Placement, structure: MicrobatchStructure
 ) -> tuple[dict[Compute, int], dict[Compute, list[Compute]]]:
-    """For list schedulers: how many stages each stage waits for, and who waits for each.
+    """For list schedulers: how many computes each compute waits for, and who waits for each.
 
     Returns:
-        ``(missing, dependents)``: per stage, the count of its :func:`dependencies`, and the
-        stages that depend on it.
+        ``(missing, dependents)``: per compute, the count of its :func:`dependencies`, and the
+        computes that depend on it.
     """
     missing: dict[Compute, int] = {}
-    dependents: dict[Compute, list[Compute]] = {a: [] for a in all_stages}
-    for a in all_stages:
+    dependents: dict[Compute, list[Compute]] = {a: [] for a in computes}
+    for a in computes:
         deps = dependencies(a, placement, structure)
         missing[a] = len(deps)
         for d in deps:
@@ -178,13 +178,13 @@ def dependency_graph(
 def consumers(
     action: Compute, placement: Placement, structure: MicrobatchStructure
 ) -> list[tuple[Compute, Part | None]]:
-    """The stages that consume a stage's output: ``(consumer, part)`` pairs.
+    """The computes that consume a compute's output: ``(consumer, part)`` pairs.
 
     Raises:
-        ScheduleError: the stage does not exist.
+        ScheduleError: the compute does not exist.
     """
     a = action.key
-    _check_stage(a, placement, structure)
+    _check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk < last:

@@ -15,8 +15,10 @@ Vocabulary (DIP's):
 * **microbatch**: a group of samples; the LLM sees it as one packed sequence;
 * **sub-microbatch** (*sub*): a group of a microbatch's encoder units that flows through the
   encoder's chunks on its own; the LLM always has sub 0;
-* **stage**: the forward (F) or backward (B) of one chunk on one (sub-)microbatch: a
-  :class:`Compute` action.
+* **compute**: the forward (F) or backward (B) of one chunk on one (sub-)microbatch: a
+  :class:`Compute` action; the F and the B of one chunk on one (sub-)microbatch form an *F/B
+  pair*;
+* **stage**: a pipeline stage, as in Megatron: one pipeline rank and the chunks it holds.
 
 String form, compact and round-trippable (``parse(str(a)) == a``)::
 
@@ -26,7 +28,7 @@ String form, compact and round-trippable (``parse(str(a)) == a``)::
     KIND    := "F" | "B"
     MEMORY  := "r" | "o"                recompute, offload (absent: keep activations)
 
-Encoder stages always print their sub, LLM stages never do: ``v1F3.0`` is vision chunk 1,
+Encoder computes always print their sub, LLM computes never do: ``v1F3.0`` is vision chunk 1,
 forward, microbatch 3, sub 0; ``l0B2+r`` is the backward of LLM chunk 0 on microbatch 2 with
 the chunk recomputed. ``s1:v1F3.0`` sends the output of ``v1F3.0`` to rank 1; ``r0:l0B2@v.1``
 receives from rank 0 the part of ``l0B2``'s input gradient that belongs to vision sub 1.
@@ -84,16 +86,16 @@ class ScheduleError(ValueError):
 
 
 class Kind(str, Enum):
-    """Forward or backward of a stage."""
+    """Forward or backward of a compute."""
 
     F = "F"
     B = "B"
 
 
 class Memory(str, Enum):
-    """What a stage keeps between its forward and its backward.
+    """What the forward of a chunk keeps for its backward.
 
-    The forward and the backward of one stage carry the same strategy.
+    Both computes of an F/B pair carry the same strategy.
     """
 
     NONE = "none"
@@ -130,7 +132,7 @@ class Compute:
     """Sub-microbatch index; always 0 for the LLM."""
 
     memory: Memory = Memory.NONE
-    """Memory strategy of this stage (the same on its F and its B)."""
+    """Memory strategy of this compute (the same on both halves of its F/B pair)."""
 
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -172,7 +174,7 @@ class Compute:
 
     @property
     def key(self) -> "Compute":
-        """The stage itself, without its memory strategy: the id of the tensor it produces."""
+        """The compute itself, without its memory strategy: the id of the tensor it produces."""
         if self.memory is Memory.NONE:
             return self
         return Compute(self.module, self.chunk, self.kind, self.microbatch, self.sub)
@@ -183,12 +185,12 @@ class Compute:
         return self.kind is Kind.F
 
     def partner(self) -> "Compute":
-        """The other half of the stage pair: the B of an F, the F of a B (same memory)."""
+        """The other half of the F/B pair: the B of an F, the F of a B (same memory)."""
         other = Kind.B if self.kind is Kind.F else Kind.F
         return Compute(self.module, self.chunk, other, self.microbatch, self.sub, self.memory)
 
     def with_memory(self, memory: Memory | str) -> "Compute":
-        """The same stage with another memory strategy."""
+        """The same compute with another memory strategy."""
         return Compute(self.module, self.chunk, self.kind, self.microbatch, self.sub, memory)
 
     def _id(self) -> str:
@@ -219,7 +221,7 @@ sub-microbatch."""
 class Comm:
     """A send or receive of one tensor to or from another rank.
 
-    The tensor is named by the stage that produces it: the output activation of an F, or the
+    The tensor is named by the compute that produces it: the output activation of an F, or the
     input gradient of a B. LLM chunk 0's input gradient has one part per encoder sub that fed
     it, each sent separately, so ``part`` names the ``(encoder, sub)`` for those.
     """
@@ -231,7 +233,7 @@ class Comm:
     """The other rank."""
 
     tensor: Compute
-    """The producing stage (its memory strategy is dropped: it does not change the tensor)."""
+    """The producing compute (its memory strategy is dropped: it does not change the tensor)."""
 
     part: Part | None = None
     """``(encoder, sub)`` for a part of LLM chunk 0's input gradient, else None."""

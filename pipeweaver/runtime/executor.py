@@ -14,7 +14,7 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 
 * a forward gathers its inputs (the previous chunk's output, local or received; for LLM chunk
   0, every encoder sub's projected rows), runs the chunk, and keeps what its backward needs
-  (everything, or only the inputs when the stage recomputes);
+  (everything, or only the inputs when the compute recomputes);
 * a backward takes its output gradient (local or received), runs the chunk's backward and
   routes the input gradients to the producers, part by part for LLM chunk 0;
 * sends are ``isend`` and never block; the matching ``irecv`` are posted ahead (no later than
@@ -24,7 +24,7 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 
 The model side is described by two small protocols, so the runtime knows nothing of the model:
 
-* ``stage(module, chunk)`` returns a module with megatron-core's model contract
+* ``chunk_module(module, chunk)`` returns a module with megatron-core's model contract
   (``set_input_tensor(list)``, ``forward(batch)``) for one chunk on this rank;
 * each microbatch from ``data_iterator`` provides ``num_subs(encoder)``,
   ``output_shape(module, sub, last_chunk)`` and ``stage_batch(module, chunk, sub)``.
@@ -61,14 +61,14 @@ class RuntimeMicrobatch(Protocol):
         last chunk), or the LLM's hidden states."""
 
     def stage_batch(self, module: str, chunk: int, sub: int) -> Any:
-        """What ``forward_step_func`` receives from its data iterator for one stage."""
+        """What ``forward_step_func`` receives from its data iterator for one compute."""
 
 
 ScheduleFn = Callable[[Placement, MicrobatchStructure, Sequence[RuntimeMicrobatch]], Schedule]
 """Makes the step's schedule from the placement, the structure and the microbatches."""
 
 Edge = tuple[Compute, Any]
-"""A tensor in flight: the producing stage and, for LLM chunk 0's input gradient, the part."""
+"""A tensor in flight: the producing compute and, for LLM chunk 0's input gradient, the part."""
 
 
 class PipelineRuntime:
@@ -77,7 +77,7 @@ class PipelineRuntime:
     def __init__(
         self,
         placement: Placement,
-        stage: Callable[[str, int], torch.nn.Module],
+        chunk_module: Callable[[str, int], torch.nn.Module],
         p2p: PipelineP2P,
         schedule_fn: ScheduleFn,
         device: torch.device,
@@ -87,7 +87,7 @@ class PipelineRuntime:
     ):
         """Args:
         placement: where every chunk lives; fixed for the run.
-        stage: this rank's chunk modules, by (module, chunk).
+        chunk_module: this rank's chunk modules, by (module, chunk).
         p2p: transfers between this pipeline's stages.
         schedule_fn: the step's schedule, from its microbatches.
         device: where receive buffers go (the model's device).
@@ -101,7 +101,7 @@ class PipelineRuntime:
                 f"{p2p.num_stages}"
             )
         self.placement = placement
-        self.stage = stage
+        self.chunk_module = chunk_module
         self.p2p = p2p
         self.rank = p2p.stage
         self.schedule_fn = schedule_fn
@@ -197,7 +197,7 @@ class _Step:
         self.forward_only = forward_only
         self.collect_non_loss_data = collect_non_loss_data
         self.store = store
-        self.saved: dict[Compute, tuple[list, Any]] = {}  # F stage -> (inputs, output)
+        self.saved: dict[Compute, tuple[list, Any]] = {}  # F compute -> (inputs, output)
         self.local: dict[Edge, torch.Tensor] = {}  # tensors for consumers on this rank
         self.outbox: dict[Edge, torch.Tensor] = {}  # tensors waiting for their send action
         self.inbox: dict[Edge, tuple[torch.Tensor, Any]] = {}  # posted receives
@@ -266,7 +266,7 @@ class _Step:
         self.received[comm.edge] = buf
 
     def _take(self, edge: Edge, activation: bool) -> torch.Tensor:
-        """A stage's input (activation) or output gradient, from this rank or the network."""
+        """A compute's input (activation) or output gradient, from this rank or the network."""
         tensor = self.local.pop(edge, None)
         if tensor is None:
             tensor = self.received.pop(edge, None)
@@ -285,7 +285,7 @@ class _Step:
 
     # ---------------------------------------------------------------------- compute
 
-    def _is_loss_stage(self, a: Compute) -> bool:
+    def _is_loss_compute(self, a: Compute) -> bool:
         return a.module == "llm" and a.chunk == self.placement.num_chunks("llm") - 1
 
     def _run_forward(self, a: Compute, inputs: list, store: list):
@@ -293,7 +293,7 @@ class _Step:
         output, tokens = forward_step(
             self.forward_step_func,
             iter([batch]),
-            self.rt.stage(a.module, a.chunk),
+            self.rt.chunk_module(a.module, a.chunk),
             len(self.microbatches),
             inputs,
             store,
@@ -302,7 +302,7 @@ class _Step:
             collect_non_loss_data=self.collect_non_loss_data,
             is_first_microbatch=a.microbatch == 0,
             current_microbatch=a.microbatch,
-            is_last_stage=self._is_loss_stage(a),
+            is_last_stage=self._is_loss_compute(a),
         )
         return output, tokens
 
@@ -313,16 +313,16 @@ class _Step:
             )
         producers = data_inputs(a, self.placement, self.structure)
         inputs = [self._take((p.key, None), activation=True) for p, _ in producers] or [None]
-        loss_stage = self._is_loss_stage(a)
+        loss_compute = self._is_loss_compute(a)
         keep = not self.forward_only and a.memory is not Memory.RECOMPUTE
         with contextlib.nullcontext() if keep else torch.no_grad():
             output, tokens = self._run_forward(a, inputs, self.store)
-        if loss_stage:
+        if loss_compute:
             self.tokens += tokens
         out = output[0]
         if not self.forward_only:
             self.saved[a.key] = (inputs, out if keep else None)
-        if loss_stage:
+        if loss_compute:
             return
         # The consumer gets the values; this rank keeps only the graph (Megatron's trick).
         consumer = Compute(a.module, a.chunk + 1, Kind.F, a.microbatch, a.sub)
@@ -339,10 +339,10 @@ class _Step:
             output, _ = self._run_forward(a, inputs, [])
             out = output[0]
             deallocate_output_tensor(
-                out, self.config.deallocate_pipeline_outputs and not self._is_loss_stage(a)
+                out, self.config.deallocate_pipeline_outputs and not self._is_loss_compute(a)
             )
         grad = None
-        if not self._is_loss_stage(a):
+        if not self._is_loss_compute(a):
             last = a.chunk == self.placement.num_chunks(a.module) - 1
             if a.module != "llm" and last:
                 edge = (Compute("llm", 0, Kind.B, a.microbatch, 0), (a.module, a.sub))

@@ -6,7 +6,7 @@ Modules, one per concern:
 * :mod:`~pipeweaver.semu.hardware`: device and cluster specs (H100, H200, A100, H800, H20, cpu);
 * :mod:`~pipeweaver.semu.model`: the model and its parallel layout from the trainer's flags,
   and the hardware-independent cost description (FLOPs, bytes, activation memory, weights);
-* :mod:`~pipeweaver.semu.costs`: time of each stage and collective on a cluster (roofline with
+* :mod:`~pipeweaver.semu.timing`: time of each compute and collective on a cluster (roofline with
   efficiency factors, or a measured calibration table);
 * :mod:`~pipeweaver.semu.batches`: microbatch metadata as the trainer packs it;
 * :mod:`~pipeweaver.semu.reuse`: the spatial-temporal subgraph reuse caches;

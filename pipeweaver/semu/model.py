@@ -400,8 +400,8 @@ def load_model_config(
 
 
 @dataclass(frozen=True)
-class StageWork:
-    """What one stage (F or B of a chunk on some sequences) does, per tensor-parallel rank."""
+class ComputeWork:
+    """What one compute (F or B of a chunk on some sequences) does, per tensor-parallel rank."""
 
     linear_flops: float
     """Matrix-multiply FLOPs of the layers (recompute included)."""
@@ -571,7 +571,7 @@ class ModelCosts:
         )
         return flops, nbytes, kept
 
-    # ---------------------------------------------------------------- chunks and stages
+    # ---------------------------------------------------------------- chunks and computes
 
     def chunk_params(self, module: str, start: int, stop: int) -> float:
         """Parameters of a chunk on one TP rank (layers plus the edges it holds)."""
@@ -593,7 +593,7 @@ class ModelCosts:
         rep_div = self.tp if self.sp else 1
         return rows * self.shape.llm.hidden_size * self.dtype / rep_div
 
-    def stage_work(
+    def compute_work(
         self,
         module: str,
         start: int,
@@ -602,7 +602,7 @@ class ModelCosts:
         memory: str,
         seq_lens: Sequence[int],
         out_rows: int = 0,
-    ) -> StageWork:
+    ) -> ComputeWork:
         """The work of the F or B of chunk ``[start, stop)`` of ``module`` on packed sequences.
 
         Args:
@@ -644,7 +644,7 @@ class ModelCosts:
             kept, transient = input_kept, full_kept
         else:
             kept, transient = full_kept, 0.0
-        return StageWork(
+        return ComputeWork(
             linear_flops=mult * n_layers * lin,
             attention_flops=mult * n_layers * att,
             edge_flops=mult * e_flops,

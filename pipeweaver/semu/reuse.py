@@ -6,15 +6,15 @@ mechanism itself is not public, pipeweaver.md section 4.2). OrchWeave's version 
 levels, each keyed by everything its result depends on, so a hit returns exactly what a miss
 would compute (tests check that results are identical with and without reuse):
 
-1. **subgraph**: one stage's cost (time, kept and transient memory), keyed by the chunk's
+1. **subgraph**: one compute's cost (time, kept and transient memory), keyed by the chunk's
    *shape* — module, number of layers, whether it holds the input layer or the head, F/B,
    memory strategy, the sorted sequence lengths and output rows — not by its position. Equal
    chunks on different ranks (spatial: every middle LLM chunk), on different DP replicas, and
    the same shapes in later microbatches, rollouts and iterations (temporal) share one entry;
 2. **graph** and **microbatch**: the data-flow graph of one (placement, microbatch structure)
-   (which inputs of each stage are remote, which consumers it sends to), and all stage costs,
+   (which inputs of each compute are remote, which consumers it sends to), and all compute costs,
    transfer times and compiled simulator ops of one microbatch under one placement (the
-   per-microbatch "stage latency" vectors DIP's planner computes first); a search evaluates
+   per-microbatch latency vectors DIP's planner computes first); a search evaluates
    thousands of orders of the same microbatches;
 3. **timeline**: the whole pipeline simulation of one (schedule, microbatches, start offsets,
    link layout); identical DP replicas and re-evaluated rollouts hit it.

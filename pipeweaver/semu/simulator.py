@@ -18,7 +18,7 @@ Definitions used in the results:
 
 * **bubble ratio** of a pipeline: ``1 - sum_r busy_r / (P * T)``, with ``busy_r`` the compute
   time of rank r and ``T`` the time from the pipeline's start to its last compute; for Megatron
-  1F1B with equal stages and free communication it is exactly ``(P-1)/(m+P-1)``. The step's
+  1F1B with equal compute times and free communication it is exactly ``(P-1)/(m+P-1)``. The step's
   bubble ratio is that of its slowest DP replica;
 * **MFU**: model FLOPs of the step (real tokens only, no padding, no recompute;
   ``ModelShape`` formula) / (step time x devices x peak FLOP/s);
@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.calibration import Calibration
-from pipeweaver.dataflow import consumers, data_inputs, stages
+from pipeweaver.dataflow import all_computes, consumers, data_inputs
 from pipeweaver.ir import Compute, Kind, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
-from pipeweaver.semu.costs import CostModel, StageCost
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.reuse import ReuseCache
+from pipeweaver.semu.timing import ComputeCost, TimeModel
 
 _C, _S, _R = 0, 1, 2
 
@@ -104,7 +104,7 @@ class PipelineResult:
 
 
 @dataclass
-class StepResult:
+class StepPrediction:
     """What SEMU predicts for one training step."""
 
     step_time_s: float
@@ -185,25 +185,25 @@ class StepResult:
 class _Graph:
     """The data flow of one (placement, structure) with integer ids, for the replay.
 
-    ``stage_id``: stage -> index; ``edges``: the cross-rank transfers ``(tensor, part)`` and
-    ``edge_id`` their index; ``remote``: stage -> (ids of the transfers it waits for, its
+    ``compute_id``: compute -> index; ``edges``: the cross-rank transfers ``(tensor, part)`` and
+    ``edge_id`` their index; ``remote``: compute -> (ids of the transfers it waits for, its
     outgoing ``(edge id, dst rank)``).
     """
 
     def __init__(self, placement: Placement, structure):
-        self.stage_id: dict[Compute, int] = {}
+        self.compute_id: dict[Compute, int] = {}
         self.edges: list[tuple[Compute, Any]] = []
         self.edge_id: dict[tuple[Compute, Any], int] = {}
         self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        all_stages = list(stages(placement, structure))
-        for a in all_stages:
-            self.stage_id[a] = len(self.stage_id)
+        computes = list(all_computes(placement, structure))
+        for a in computes:
+            self.compute_id[a] = len(self.compute_id)
             r = placement.rank_of(a.module, a.chunk)
             for consumer, part in consumers(a, placement, structure):
                 if placement.rank_of(consumer.module, consumer.chunk) != r:
                     self.edge_id[(a, part)] = len(self.edges)
                     self.edges.append((a, part))
-        for a in all_stages:
+        for a in computes:
             r = placement.rank_of(a.module, a.chunk)
             waits = tuple(
                 self.edge_id[(p, part)]
@@ -228,8 +228,8 @@ class Semu:
         cache: a reuse cache to share (several instances, rollouts, iterations); default a
             fresh one.
         reuse: False disables every cache (for comparisons; results are identical).
-        stage_cost_fn: ``(placement, compute, microbatch) -> StageCost`` replacing the cost
-            model for stages (measured tables of a searcher, analytic test cases).
+        compute_cost_fn: ``(placement, compute, microbatch) -> ComputeCost`` replacing the time
+            model for computes (measured tables, analytic test cases).
     """
 
     def __init__(
@@ -239,28 +239,28 @@ class Semu:
         calibration: Calibration | None = None,
         cache: ReuseCache | None = None,
         reuse: bool = True,
-        stage_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], StageCost] | None = None,
+        compute_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], ComputeCost] | None = None,
     ):
         self.spec = spec
         self.cluster = cluster
-        self.cost = CostModel(spec, cluster, calibration)
+        self.cost = TimeModel(spec, cluster, calibration)
         self.reuse = reuse
         self.cache = (cache if cache is not None else ReuseCache()) if reuse else None
         self.tp = spec.parallel.tensor
         self.pp = spec.parallel.pipeline
         self.dp = spec.parallel.data(cluster.num_devices)
-        self.stage_cost_fn = stage_cost_fn
+        self.compute_cost_fn = compute_cost_fn
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
         self._clip_grad = float(spec.flags.get("clip_grad", 1.0))
         # The function itself (not its id) keys the caches: it stays alive while cached.
-        self._fp = (self.cost.fingerprint(), stage_cost_fn)
+        self._fp = (self.cost.fingerprint(), compute_cost_fn)
 
-    # ---------------------------------------------------------------- stage costs
+    # ---------------------------------------------------------------- compute costs
 
-    def stage_cost(self, placement: Placement, a: Compute, mb: MicrobatchMeta) -> StageCost:
-        """Cost of one stage of one microbatch (through the subgraph cache)."""
-        if self.stage_cost_fn is not None:
-            return self.stage_cost_fn(placement, a, mb)
+    def compute_cost(self, placement: Placement, a: Compute, mb: MicrobatchMeta) -> ComputeCost:
+        """Cost of one compute of one microbatch (through the subgraph cache)."""
+        if self.compute_cost_fn is not None:
+            return self.compute_cost_fn(placement, a, mb)
         start, stop = placement.layer_range(a.module, a.chunk)
         if a.module == "llm":
             lens, rows = mb.llm_seq_lens, 0
@@ -281,8 +281,10 @@ class Semu:
             rows,
         )
 
-        def compute() -> StageCost:
-            return self.cost.stage(a.module, start, stop, a.kind.value, a.memory.value, lens, rows)
+        def compute() -> ComputeCost:
+            return self.cost.compute_cost(
+                a.module, start, stop, a.kind.value, a.memory.value, lens, rows
+            )
 
         if self.cache is None:
             return compute()
@@ -362,7 +364,7 @@ class Semu:
 
     def _microbatch_table(self, placement: Placement, mb_index: int, mb: MicrobatchMeta) -> dict:
         """The microbatch level: one dict per (placement, microbatch), filled lazily with
-        ``Compute -> StageCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
+        ``Compute -> ComputeCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
         if self.cache is None:
             return {}
         key = (self._fp, placement.key(), mb_index, mb)
@@ -404,7 +406,7 @@ class Semu:
             return v
 
         def compile_compute(a: Compute, r: int) -> tuple:
-            c = self.stage_cost(placement, a, microbatches[a.microbatch])
+            c = self.compute_cost(placement, a, microbatches[a.microbatch])
             waits: tuple = ()
             sends: tuple = ()
             key = a.key
@@ -415,7 +417,7 @@ class Semu:
                     for e, dst in remote
                 )
             forward = a.kind is Kind.F
-            pair = graph.stage_id[key if forward else key.partner()]
+            pair = graph.compute_id[key if forward else key.partner()]
             return (_C, a, c.time_s, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
 
         # Per rank: op tuples. Compute: (_C, action, time, kept, transient, is_forward, F key,
@@ -449,7 +451,7 @@ class Semu:
         alive = [0.0] * n
         peak = [0.0] * n
         last_end = list(start)
-        kept = [0.0] * len(graph.stage_id)
+        kept = [0.0] * len(graph.compute_id)
         arrivals: list = [None] * len(graph.edges)
         parked: dict = {}
         link_free: dict[tuple[int, int], float] = {}
@@ -561,11 +563,11 @@ class Semu:
     def activation_bytes(
         self, placement: Placement, microbatches: Sequence[MicrobatchMeta]
     ) -> Callable[[Compute], int]:
-        """Bytes a stage keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
+        """Bytes an F/B pair keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
         memory cap (with :meth:`static_bytes` as its ``static_bytes``)."""
 
         def kept(a: Compute) -> int:
-            return int(self.stage_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
+            return int(self.compute_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
 
         return kept
 
@@ -595,7 +597,7 @@ class Semu:
         microbatches: Sequence[Sequence[MicrobatchMeta]],
         balancer_bytes: Mapping[str, Any] | None = None,
         record_events: bool = True,
-    ) -> StepResult:
+    ) -> StepPrediction:
         """Simulate one step: every DP replica's pipeline, the gradient reduction, the optimizer.
 
         Args:
@@ -681,7 +683,7 @@ class Semu:
         statics = [s["weights"] + s["gradients"] + s["optimizer"] for s in static]
         r_last = max(range(self.pp), key=lambda r: finish[r])
         ready_last = max(res.rank_end[r_last] for res in results)
-        return StepResult(
+        return StepPrediction(
             step_time_s=step,
             bubble_ratio=crit_res.bubble_ratio,
             mfu=flops / (step * devices * self.cost.peak_flops) if step > 0 else 0.0,

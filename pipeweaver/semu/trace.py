@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Sequence
 
-from pipeweaver.semu.simulator import Event, StepResult
+from pipeweaver.semu.simulator import Event, StepPrediction
 
 MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
 """Base colour of each module; forwards are drawn lighter, backwards darker."""
@@ -38,7 +38,7 @@ def event_color(e: Event) -> str:
     return OTHER_COLORS.get(e.category, "#bcbd22")
 
 
-def chrome_trace(result: StepResult, name: str = "semu") -> dict[str, Any]:
+def chrome_trace(result: StepPrediction, name: str = "semu") -> dict[str, Any]:
     """The step's timeline as a Chrome trace object."""
     events: list[dict[str, Any]] = []
     ranks = sorted({e.rank for e in result.events})
@@ -80,14 +80,14 @@ def chrome_trace(result: StepResult, name: str = "semu") -> dict[str, Any]:
     }
 
 
-def write_chrome_trace(result: StepResult, path: str | os.PathLike, name: str = "semu") -> None:
+def write_chrome_trace(result: StepPrediction, path: str | os.PathLike, name: str = "semu") -> None:
     """Write :func:`chrome_trace` as JSON."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(chrome_trace(result, name), f)
 
 
 def write_png(
-    result: StepResult, path: str | os.PathLike, title: str = "", max_ranks: int = 64
+    result: StepPrediction, path: str | os.PathLike, title: str = "", max_ranks: int = 64
 ) -> None:
     """Draw the timeline: one row per pipeline rank, coloured by module and by F/B."""
     import matplotlib
@@ -140,7 +140,7 @@ def _bytes(x: float) -> str:
     return f"{x:.1f} TiB"
 
 
-def summary(result: StepResult, header: Sequence[str] = ()) -> str:
+def summary(result: StepPrediction, header: Sequence[str] = ()) -> str:
     """A readable report of one simulated step."""
     lines = list(header)
     lines.append(

@@ -1,5 +1,5 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Time of every stage and collective on a cluster.
+"""Time of every compute and collective on a cluster.
 
 Compute: each op (a chunk's linear work, its attention, its input layer or head) takes
 
@@ -33,12 +33,12 @@ from typing import Sequence
 
 from orchestration.calibration import Calibration, LayerTimeModel
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import ModelCosts, ModelSpec, StageWork
+from pipeweaver.semu.model import ComputeWork, ModelCosts, ModelSpec
 
 
 @dataclass(frozen=True)
-class StageCost:
-    """Time and memory of one stage on one device."""
+class ComputeCost:
+    """Time and memory of one compute on one device."""
 
     time_s: float
     """Duration of the compute, TP collectives included."""
@@ -154,8 +154,8 @@ class CommModel:
         return (n - 1) * lat + (n - 1) / n * bytes_per_device / bw
 
 
-class CostModel:
-    """Stage times and memory for one model on one cluster.
+class TimeModel:
+    """Compute and collective times, and compute memory, for one model on one cluster.
 
     Args:
         spec: the model and its parallel layout.
@@ -215,7 +215,7 @@ class CostModel:
     def _op(self, flops: float, nbytes: float, rate: float) -> float:
         return max(flops / rate if flops else 0.0, nbytes / self.memory_rate if nbytes else 0.0)
 
-    def stage(
+    def compute_cost(
         self,
         module: str,
         start: int,
@@ -224,14 +224,14 @@ class CostModel:
         memory: str,
         seq_lens: Sequence[int],
         out_rows: int = 0,
-    ) -> StageCost:
+    ) -> ComputeCost:
         """Time and memory of the F or B of chunk ``[start, stop)`` of ``module``.
 
         Args:
             seq_lens: independent sequences (encoder units; LLM samples and padding runs).
             out_rows: LLM rows an encoder's last chunk produces.
         """
-        work = self.costs.stage_work(module, start, stop, kind, memory, seq_lens, out_rows)
+        work = self.costs.compute_work(module, start, stop, kind, memory, seq_lens, out_rows)
         table = self._tables.get(module)
         if table is not None:
             time = self._calibrated_time(
@@ -254,13 +254,14 @@ class CostModel:
             )
         if work.offload_bytes:
             time += work.offload_bytes / self.cluster.device.host_bandwidth
+        # Host overhead of every compute (the calibration's ``stage_s``: per F or B of a chunk).
         time += self.host.get("stage_s", 0.0)
         # The schedule's glue around each forward_step / backward_step call (loss function,
         # loss scaling, the backward's entry), measured per call by tools/calibrate.py.
         time += self.host.get("forward_step_s" if kind == "F" else "backward_step_s", 0.0)
         if kind == "B" and memory == "recompute":
             time += self.host.get("forward_step_s", 0.0)
-        return StageCost(time * self.slowdown, kept, transient)
+        return ComputeCost(time * self.slowdown, kept, transient)
 
     def _calibrated_time(
         self,
@@ -324,7 +325,7 @@ class CostModel:
         stop: int,
         memory: str,
         seq_lens: Sequence[int],
-        work: StageWork,
+        work: ComputeWork,
         out_rows: int = 0,
     ) -> tuple[float, float]:
         if t.act_bytes_per_token is None:
