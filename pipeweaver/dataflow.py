@@ -180,6 +180,10 @@ def consumers(
 ) -> list[tuple[Compute, Part | None]]:
     """The computes that consume a compute's output: ``(consumer, part)`` pairs.
 
+    For a backward they are the producers' backwards, in the order :func:`data_inputs` lists
+    the producers for its forward: the order of the forward's inputs, and so of the input
+    gradients the backward returns (the runtime pairs them up in this order).
+
     Raises:
         ScheduleError: the compute does not exist.
     """

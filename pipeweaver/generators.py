@@ -27,7 +27,7 @@ import heapq
 from typing import Callable, Mapping
 
 from pipeweaver.dataflow import MicrobatchStructure, all_computes, dependency_graph
-from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
+from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
@@ -221,7 +221,7 @@ def dataflow(
         lambda a: (
             0 if a.kind is Kind.B else 1,
             a.microbatch,
-            _MODULE_RANK[a.module],
+            MODULE_INDEX[a.module],
             a.sub,
             a.chunk,
         )
@@ -251,8 +251,6 @@ def dataflow(
                     heapq.heappush(ready[placement.rank_of(d.module, d.chunk)], (order_key(d), d))
     return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dataflow"))
 
-
-_MODULE_RANK = {"vision": 0, "audio": 1, "llm": 2}
 
 GENERATORS: Mapping[str, Callable[..., Schedule]] = {
     "1f1b": one_f_one_b,

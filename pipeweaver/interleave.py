@@ -17,32 +17,43 @@ valid by construction (every compute is placed after its producers).
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from orchestration.model_shape import ModelShape
 from pipeweaver.dataflow import MicrobatchStructure, all_computes, data_inputs, dependency_graph
-from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
+from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 
-_MODULE_ORDER = {"vision": 0, "audio": 1, "llm": 2}
 
-Sequences = Callable[[Compute], tuple[Sequence[int], int]]
-"""A compute's independent sequence lengths (its sub's units, or its microbatch's packed
-samples) and the rows it projects (an encoder's last chunk; else 0)."""
+class SequencedMicrobatch(Protocol):
+    """What :func:`flops_durations` needs of a microbatch (the trainer's and SEMU's have it)."""
+
+    def compute_sequences(self, module: str, sub: int) -> tuple[Sequence[int], int]:
+        """The independent sequence lengths a compute of ``module`` on sub ``sub`` runs over
+        (the sub's encoder units, or the LLM's packed samples), and the LLM rows the sub
+        projects (0 for the LLM)."""
 
 
-def flops_durations(shape: ModelShape, placement: Placement, sequences: Sequences):
+def flops_durations(
+    shape: ModelShape, placement: Placement, microbatches: Sequence[SequencedMicrobatch]
+) -> Callable[[Compute], float]:
     """Compute durations in FLOPs: the chunk's layers over its sequences, plus the input layer on
     chunk 0 and the head on the last chunk; a backward costs twice its forward.
 
     The trainer and SEMU both order the dynamic pipeline with this, so SEMU simulates exactly
     the order the trainer runs.
+
+    Args:
+        shape: the model's sizes.
+        placement: the layers of each chunk.
+        microbatches: the step's microbatches, indexed by :attr:`Compute.microbatch`.
     """
 
     def duration(compute: Compute) -> float:
-        lens, rows = sequences(compute)
+        mb = microbatches[compute.microbatch]
+        lens, rows = mb.compute_sequences(compute.module, compute.sub)
         start, stop = placement.layer_range(compute.module, compute.chunk)
         t = shape.llm if compute.module == "llm" else shape.encoders[compute.module]
         flops = t.forward_flops(lens, layers=stop - start)
@@ -58,7 +69,7 @@ def flops_durations(shape: ModelShape, placement: Placement, sequences: Sequence
 
 def default_priority(compute: Compute) -> tuple:
     """Earlier microbatches first, encoders before the LLM, then sub and chunk (lower first)."""
-    return (compute.microbatch, _MODULE_ORDER[compute.module], compute.sub, compute.chunk)
+    return (compute.microbatch, MODULE_INDEX[compute.module], compute.sub, compute.chunk)
 
 
 def greedy_dual_queue(

@@ -41,16 +41,26 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping, Union
 
-MODULES: tuple[str, ...] = ("vision", "audio", "llm")
-"""Every module, encoders first, in the order a sample flows through them."""
+from orchestration.workload import PHASES
 
-ENCODERS: tuple[str, ...] = ("vision", "audio")
+MODULES: tuple[str, ...] = PHASES
+"""Every module, encoders first, in the order a sample flows through them: the balancer's
+phases, so that the trainer, the balancer and the IR share one order."""
+
+MODULE_INDEX: Mapping[str, int] = {m: i for i, m in enumerate(MODULES)}
+"""Position of each module in :data:`MODULES` (schedulers order computes by it)."""
+
+ENCODERS: tuple[str, ...] = tuple(m for m in MODULES if m != "llm")
 """The modules whose outputs are spliced into the LLM sequence."""
 
-MODULE_LETTER: Mapping[str, str] = {"vision": "v", "audio": "a", "llm": "l"}
-"""One-letter module names of the string form."""
+MODULE_LETTER: Mapping[str, str] = {m: m[0] for m in MODULES}
+"""One-letter module names of the string form: each module's initial."""
 
 LETTER_MODULE: Mapping[str, str] = {v: k for k, v in MODULE_LETTER.items()}
+"""Inverse of :data:`MODULE_LETTER`."""
+
+# Two modules sharing an initial would make the string form ambiguous.
+assert len(LETTER_MODULE) == len(MODULES), "module initials must differ"
 
 
 class ScheduleError(ValueError):
@@ -117,7 +127,7 @@ class Compute:
     """The forward or backward of one chunk on one (sub-)microbatch."""
 
     module: str
-    """"vision", "audio" or "llm"."""
+    """One of :data:`MODULES`."""
 
     chunk: int
     """Index of the chunk within its module (0 holds the module's input layer)."""
@@ -286,9 +296,11 @@ class Comm:
 Action = Union[Compute, Comm]
 """One entry of a rank's action list."""
 
-_COMPUTE_RE = r"([val])(\d+)([FB])(\d+)(?:\.(\d+))?"
+_MODULE_RE = "[" + "".join(MODULE_LETTER[m] for m in MODULES) + "]"
+_ENCODER_RE = "[" + "".join(MODULE_LETTER[m] for m in ENCODERS) + "]"
+_COMPUTE_RE = rf"({_MODULE_RE})(\d+)([FB])(\d+)(?:\.(\d+))?"
 _COMPUTE = re.compile(rf"^{_COMPUTE_RE}(?:\+([ro]))?$")
-_COMM = re.compile(rf"^([sr])(\d+):{_COMPUTE_RE}(?:@([va])\.(\d+))?$")
+_COMM = re.compile(rf"^([sr])(\d+):{_COMPUTE_RE}(?:@({_ENCODER_RE})\.(\d+))?$")
 
 
 def parse(text: str) -> Action:

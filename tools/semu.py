@@ -164,7 +164,7 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
         st = structure_of(mbs, encoders)
         if name == "dynamic":  # the trainer's order: depends on the sequences, not the structure
             sched = greedy_dual_queue(
-                placement, st, flops_durations(shape, placement, _sequences(mbs)), memory=memory
+                placement, st, flops_durations(shape, placement, mbs), memory=memory
             )
             if not args.no_check:
                 check(sched)
@@ -190,19 +190,6 @@ def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
         "replicas_simulated": replicas,
     }
     return schedules, mbs_all, info
-
-
-def _sequences(microbatches):
-    """Each stage's sequences and rows, for ``flops_durations``."""
-
-    def sequences(stage):
-        mb = microbatches[stage.microbatch]
-        if stage.module == "llm":
-            return mb.llm_seq_lens, 0
-        sub = mb.encoders[stage.module][stage.sub]
-        return sub.units, sub.rows
-
-    return sequences
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from megatron.core.pipeline_parallel.schedules import (
     forward_step,
 )
 from pipeweaver.checker import check
-from pipeweaver.dataflow import MicrobatchStructure, data_inputs
+from pipeweaver.dataflow import MicrobatchStructure, consumers, data_inputs
 from pipeweaver.ir import Comm, Compute, Kind, Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.runtime.p2p import PipelineP2P
@@ -311,8 +311,8 @@ class _Step:
             raise ScheduleError(
                 "the runtime does not support offloading yet", self.rt.rank, None, a
             )
-        producers = data_inputs(a, self.placement, self.structure)
-        inputs = [self._take((p.key, None), activation=True) for p, _ in producers] or [None]
+        edges = data_inputs(a, self.placement, self.structure)
+        inputs = [self._take(edge, activation=True) for edge in edges] or [None]
         loss_compute = self._is_loss_compute(a)
         keep = not self.forward_only and a.memory is not Memory.RECOMPUTE
         with contextlib.nullcontext() if keep else torch.no_grad():
@@ -325,32 +325,24 @@ class _Step:
         if loss_compute:
             return
         # The consumer gets the values; this rank keeps only the graph (Megatron's trick).
-        consumer = Compute(a.module, a.chunk + 1, Kind.F, a.microbatch, a.sub)
-        if a.chunk == self.placement.num_chunks(a.module) - 1:
-            consumer = Compute("llm", 0, Kind.F, a.microbatch, 0)
-        self._deliver((a.key, None), out.detach(), consumer)
+        for consumer, part in consumers(a, self.placement, self.structure):
+            self._deliver((a.key, part), out.detach(), consumer)
         if keep:
             deallocate_output_tensor(out, self.config.deallocate_pipeline_outputs)
 
     def _backward(self, a: Compute) -> None:
-        f = a.key.partner()
-        inputs, out = self.saved.pop(f)
+        inputs, out = self.saved.pop(a.key.partner())
         if out is None:  # recompute: rerun the forward with autograd on the saved inputs
             output, _ = self._run_forward(a, inputs, [])
             out = output[0]
             deallocate_output_tensor(
                 out, self.config.deallocate_pipeline_outputs and not self._is_loss_compute(a)
             )
-        grad = None
-        if not self._is_loss_compute(a):
-            last = a.chunk == self.placement.num_chunks(a.module) - 1
-            if a.module != "llm" and last:
-                edge = (Compute("llm", 0, Kind.B, a.microbatch, 0), (a.module, a.sub))
-            else:
-                edge = (Compute(a.module, a.chunk + 1, Kind.B, a.microbatch, a.sub), None)
-            grad = self._take(edge, activation=False)
+        # The output gradient (none for the loss compute, whose backward starts from the loss).
+        edges = data_inputs(a, self.placement, self.structure)
+        grad = self._take(edges[0], activation=False) if edges else None
         grads = backward_step(inputs, out, grad, self.config)
-        producers = data_inputs(f, self.placement, self.structure)
-        for (producer, _), g in zip(producers, grads):
-            part = (producer.module, producer.sub) if a.module == "llm" and a.chunk == 0 else None
-            self._deliver((a.key, part), g, producer.partner())
+        # One input gradient per input of the forward; consumers() lists their consumers in the
+        # order of the forward's data_inputs(), which is the order of ``inputs``.
+        for (consumer, part), g in zip(consumers(a, self.placement, self.structure), grads):
+            self._deliver((a.key, part), g, consumer)

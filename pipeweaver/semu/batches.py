@@ -55,6 +55,14 @@ class MicrobatchMeta:
         """Subs of an encoder (0 when absent)."""
         return len(self.encoders.get(encoder, ()))
 
+    def compute_sequences(self, module: str, sub: int) -> tuple[tuple[int, ...], int]:
+        """The sequences a compute of ``module`` on sub ``sub`` runs over, and the LLM rows the
+        sub projects (0 for the LLM): :class:`pipeweaver.interleave.SequencedMicrobatch`."""
+        if module == "llm":
+            return self.llm_seq_lens, 0
+        batch = self.encoders[module][sub]
+        return batch.units, batch.rows
+
 
 def pack_microbatch(
     samples: Sequence[SampleMeta],

@@ -262,12 +262,9 @@ class Semu:
         if self.compute_cost_fn is not None:
             return self.compute_cost_fn(placement, a, mb)
         start, stop = placement.layer_range(a.module, a.chunk)
-        if a.module == "llm":
-            lens, rows = mb.llm_seq_lens, 0
-        else:
-            sub = mb.encoders[a.module][a.sub]
-            lens = sub.units
-            rows = sub.rows if stop == placement.num_layers(a.module) else 0
+        lens, rows = mb.compute_sequences(a.module, a.sub)
+        if stop != placement.num_layers(a.module):
+            rows = 0  # only an encoder's last chunk projects rows
         n_layers = self.spec.shape.module(a.module).num_layers
         key = (
             self._fp,
@@ -281,14 +278,14 @@ class Semu:
             rows,
         )
 
-        def compute() -> ComputeCost:
+        def cost() -> ComputeCost:
             return self.cost.compute_cost(
                 a.module, start, stop, a.kind.value, a.memory.value, lens, rows
             )
 
         if self.cache is None:
-            return compute()
-        return self.cache.get("subgraph", key, compute)
+            return cost()
+        return self.cache.get("subgraph", key, cost)
 
     def edge_bytes(self, placement: Placement, tensor: Compute, part, mb: MicrobatchMeta) -> float:
         """Bytes of one transfer: a chunk's output activation or input gradient."""

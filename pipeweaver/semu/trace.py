@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from pipeweaver.ir import MODULE_INDEX
 from pipeweaver.semu.simulator import Event, StepPrediction
 
 MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
@@ -114,7 +115,7 @@ def write_png(
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, result.step_time_s * 1e3 * 1.01)
-    modules = sorted({e.module for e in result.events if e.module}, key=list(MODULE_COLORS).index)
+    modules = sorted({e.module for e in result.events if e.module}, key=MODULE_INDEX.__getitem__)
     handles = []
     for m in modules:
         handles.append(Patch(color=_shade(MODULE_COLORS[m], 1.45), label=f"{m} F"))
