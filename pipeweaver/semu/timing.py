@@ -33,7 +33,8 @@ from typing import Sequence
 
 from orchestration.calibration import Calibration, LayerTimeModel
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import ComputeWork, ModelCosts, ModelSpec
+from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.work import ComputeWork, ModelCosts
 
 
 @dataclass(frozen=True)
@@ -234,9 +235,9 @@ class TimeModel:
         work = self.costs.compute_work(module, start, stop, kind, memory, seq_lens, out_rows)
         table = self._tables.get(module)
         if table is not None:
-            time = self._calibrated_time(
-                table, module, start, stop, kind, memory, seq_lens, out_rows
-            )
+            fwd, bwd = self._calibrated_passes(table, module, start, stop, seq_lens, out_rows)
+            # A recomputing backward reruns the forward first.
+            time = fwd if kind == "F" else (bwd + fwd if memory == "recompute" else bwd)
             kept, transient = self._calibrated_memory(
                 table, module, start, stop, memory, seq_lens, work, out_rows
             )
@@ -263,17 +264,16 @@ class TimeModel:
             time += self.host.get("forward_step_s", 0.0)
         return ComputeCost(time * self.slowdown, kept, transient)
 
-    def _calibrated_time(
+    def _calibrated_passes(
         self,
         t: LayerTimeModel,
         module: str,
         start: int,
         stop: int,
-        kind: str,
-        memory: str,
         seq_lens: Sequence[int],
-        out_rows: int = 0,
-    ) -> float:
+        out_rows: int,
+    ) -> tuple[float, float]:
+        """Measured seconds of the chunk's forward and of its backward (without recompute)."""
         shape = self.spec.shape.module(module)
         tokens = sum(seq_lens)
         layers = stop - start
@@ -313,9 +313,7 @@ class TimeModel:
         # A measured table is for TP = 1 on its device; TP divides the work evenly.
         fwd /= self.spec.parallel.tensor
         bwd /= self.spec.parallel.tensor
-        if kind == "F":
-            return fwd
-        return bwd + fwd if memory == "recompute" else bwd
+        return fwd, bwd
 
     def _calibrated_memory(
         self,

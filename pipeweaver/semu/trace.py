@@ -13,7 +13,7 @@ import os
 from typing import Any, Sequence
 
 from pipeweaver.ir import MODULE_INDEX
-from pipeweaver.semu.simulator import Event, StepPrediction
+from pipeweaver.semu.results import Event, StepPrediction
 
 MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
 """Base colour of each module; forwards are drawn lighter, backwards darker."""

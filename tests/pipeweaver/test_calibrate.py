@@ -18,8 +18,9 @@ from pipeweaver.generators import generate
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import step_microbatches, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
-from pipeweaver.semu.model import ModelCosts, flags_to_argv, load_model_config, model_from_flags
+from pipeweaver.semu.model import flags_to_argv, load_model_config, model_from_flags
 from pipeweaver.semu.simulator import Semu
+from pipeweaver.semu.work import ModelCosts
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_CONFIG = REPO / "scripts" / "configs" / "cpu-main.json"
