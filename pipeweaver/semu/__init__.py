@@ -10,6 +10,8 @@ Modules, one per concern:
 * :mod:`~pipeweaver.semu.timing`: time of each compute and collective on a cluster (roofline with
   efficiency factors, or a measured calibration table);
 * :mod:`~pipeweaver.semu.batches`: microbatch metadata as the trainer packs it;
+* :mod:`~pipeweaver.semu.scenario`: the step a model config runs on a cluster (microbatches,
+  placement, schedules), as ``tools/semu.py`` simulates it;
 * :mod:`~pipeweaver.semu.reuse`: the spatial-temporal subgraph reuse caches;
 * :mod:`~pipeweaver.semu.simulator`: the simulation of one step (costs, compilation, the DP
   gradient reduction and the optimizer);
