@@ -192,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
     if args.png:
-        trace.write_png(
-            result,
-            args.png,
-            title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
-            f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
-            f"MFU {result.mfu:.1%}",
-        )
+        try:
+            trace.write_png(
+                result,
+                args.png,
+                title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
+                f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
+                f"MFU {result.mfu:.1%}",
+            )
+        except ImportError as e:  # matplotlib is optional
+            _fail(str(e))
     if args.json:
         print(json.dumps({**result.to_json(), "config": info}))
     else:

@@ -3,7 +3,8 @@
 
 The trace is Chrome's Trace Event Format (a JSON object with ``traceEvents``; complete events
 ``"ph": "X"`` with microsecond ``ts``/``dur``; one process per pipeline rank), which
-``chrome://tracing`` and ``ui.perfetto.dev`` open.
+``chrome://tracing`` and ``ui.perfetto.dev`` open. The PNG needs matplotlib, an optional
+dependency (``pip install 'orchweave[plots]'``); everything else works without it.
 """
 
 from __future__ import annotations
@@ -87,15 +88,35 @@ def write_chrome_trace(result: StepPrediction, path: str | os.PathLike, name: st
         json.dump(chrome_trace(result, name), f)
 
 
-def write_png(
-    result: StepPrediction, path: str | os.PathLike, title: str = "", max_ranks: int = 64
-) -> None:
-    """Draw the timeline: one row per pipeline rank, coloured by module and by F/B."""
-    import matplotlib
+def _pyplot():
+    """matplotlib's ``pyplot`` and ``Patch``, drawing to files only (the Agg backend).
 
+    Raises:
+        ImportError: matplotlib is not installed; the message says how to install it.
+    """
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(
+            "drawing a PNG timeline needs matplotlib, an optional dependency of OrchWeave: "
+            "pip install 'orchweave[plots]'"
+        ) from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    return plt, Patch
+
+
+def write_png(
+    result: StepPrediction, path: str | os.PathLike, title: str = "", max_ranks: int = 64
+) -> None:
+    """Draw the timeline: one row per pipeline rank, coloured by module and by F/B.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'orchweave[plots]'``).
+    """
+    plt, Patch = _pyplot()
 
     ranks = sorted({e.rank for e in result.events})[:max_ranks]
     fig_h = 1.6 + 0.5 * len(ranks)

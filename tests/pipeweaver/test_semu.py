@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -248,6 +249,15 @@ def test_chrome_trace_and_png(tmp_path):
     write_png(res, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "step time" in summary(res)
+
+
+def test_png_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
+    spec, cluster, scheds, mbs = _omni_step(2, 1, "1f1b")
+    res = Semu(spec, cluster).simulate_step(scheds, mbs)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'orchweave\[plots\]'"):
+        write_png(res, tmp_path / "t.png")
+    assert not (tmp_path / "t.png").exists()
 
 
 def test_reuse_across_replicas_with_shared_microbatches():
