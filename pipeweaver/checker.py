@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The static checker: every schedule is validated before it runs (or is simulated).
 
-Execution model (what the runtime of issue 5 implements, and what is checked here):
+Execution model (what :mod:`pipeweaver.runtime` implements, and what is checked here):
 
 * each rank runs its action list strictly in order;
 * a **send** is an ``isend``: it is issued when reached and never blocks the rank; its buffer

@@ -10,8 +10,7 @@
 * :func:`no_pipelining`: one rank; each microbatch's forward then its backward
   (``forward_backward_no_pipelining``);
 * :func:`dataflow`: any placement (encoders interleaved over all ranks included), a greedy
-  unit-time list schedule, valid by construction; a reference order for tests and the runtime,
-  not the searcher.
+  unit-time list schedule, valid by construction; a reference order for tests and the runtime.
 
 The first three use the "encoders on stage 0" placement of upstream Megatron: every encoder
 chunk sits on the rank of LLM chunk 0, and runs as part of that rank's forward of the

@@ -1,14 +1,14 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Greedy dual-queue interleaving: the dynamic pipeline's per-batch order of computes.
 
-DIP's phase 2 (``shared/research/pipeweaver.md`` section 3.3), as a generator of the schedule
+The second phase of DIP's planner (its per-batch interleaving), as a generator of the schedule
 IR: each rank keeps a forward queue and a backward queue of computes whose inputs are scheduled;
 the rank that can start something soonest goes next. When both a forward and a backward are
 ready as the rank frees up, it alternates with the kind it ran last (1F1B's rhythm); otherwise it
 runs whatever can start first, which keeps idle gaps small. A rank whose activations exceed its
 memory cap runs backwards only until memory drops. Compute durations come from a cost function
-(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the searcher
-of a later issue will supply priorities; the default prefers earlier microbatches).
+(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the default
+prefers earlier microbatches).
 
 Pure Python: the result is a compute-only order lowered with :func:`pipeweaver.lowering.lower`,
 valid by construction (every compute is placed after its producers).

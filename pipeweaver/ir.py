@@ -189,11 +189,6 @@ class Compute:
             return self
         return Compute(self.module, self.chunk, self.kind, self.microbatch, self.sub)
 
-    @property
-    def is_forward(self) -> bool:
-        """Whether this is a forward."""
-        return self.kind is Kind.F
-
     def partner(self) -> "Compute":
         """The other half of the F/B pair: the B of an F, the F of a B (same memory)."""
         other = Kind.B if self.kind is Kind.F else Kind.F

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from pipeweaver.dataflow import MicrobatchStructure, dependencies
+from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.ir import Action, Comm, Compute, ScheduleError, parse
 from pipeweaver.placement import ChunkPlacement, Placement
 
@@ -20,9 +20,9 @@ from pipeweaver.placement import ChunkPlacement, Placement
 class Schedule:
     """Per-rank ordered action lists for one step, with the placement and microbatch structure.
 
-    A *compute-only* schedule lists only :class:`Compute` actions (the searcher's output and
-    SEMU's input); :func:`pipeweaver.lowering.lower` adds the :class:`Comm` actions that the
-    runtime executes and the checker validates.
+    A *compute-only* schedule lists only :class:`Compute` actions (an order before lowering; SEMU
+    simulates it as if lowered); :func:`pipeweaver.lowering.lower` adds the :class:`Comm` actions
+    that the runtime executes and the checker validates.
     """
 
     placement: Placement
@@ -68,10 +68,6 @@ class Schedule:
             tuple(tuple(a for a in rank if isinstance(a, Compute)) for rank in self.actions),
             self.name,
         )
-
-    def dependencies(self, action: Action) -> tuple[Compute, ...]:
-        """:func:`dependencies` in this schedule's placement and structure."""
-        return dependencies(action, self.placement, self.structure)
 
     def format(self) -> str:
         """One line per rank: ``rank R: a0 a1 ...``."""

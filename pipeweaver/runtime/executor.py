@@ -1,12 +1,12 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The pipeline runtime: executes a per-batch schedule and is a drop-in for Megatron's schedules.
 
-:class:`PipelineRuntime.forward_backward` has megatron-core 0.19's ``forward_backward_func``
-keyword signature and contract (``shared/research/megatron.md`` section 2.8): it calls the
-user's ``forward_step_func`` through megatron-core's ``forward_step``/``backward_step`` helpers
-(so loss normalisation, per-token loss, grad scaling and ``set_input_tensor`` are Megatron's),
-runs inside ``config.no_sync_func``, calls ``config.finalize_model_grads_func`` with the token
-count, and returns the loss dicts on the rank that holds the last LLM chunk.
+:class:`PipelineRuntime.forward_backward` has megatron-core 0.19's ``forward_backward_func`` keyword
+signature and contract: it calls the user's ``forward_step_func`` through megatron-core's
+``forward_step``/``backward_step`` helpers (so loss normalisation, per-token loss, grad scaling and
+``set_input_tensor`` are Megatron's), runs inside ``config.no_sync_func``, calls
+``config.finalize_model_grads_func`` with the token count, and returns the loss dicts on the rank
+that holds the last LLM chunk.
 
 What it adds is the order: every step it derives the microbatch structure from the data,
 asks its schedule function for a schedule in the IR, validates it with the static checker
@@ -109,8 +109,6 @@ class PipelineRuntime:
         self.dtype = dtype
         self.memory_cap = memory_cap
         self.activation_bytes = activation_bytes
-        self.last_schedule: Schedule | None = None
-        """The schedule of the latest step (for logs and tests)."""
 
     @property
     def holds_loss(self) -> bool:
@@ -161,7 +159,6 @@ class PipelineRuntime:
             memory_cap=self.memory_cap,
             activation_bytes=self.activation_bytes if self.memory_cap is not None else None,
         )
-        self.last_schedule = schedule
         store: list = []
         total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
         no_sync = contextlib.nullcontext
@@ -185,8 +182,17 @@ class PipelineRuntime:
 class _Step:
     """One rank's execution of one schedule."""
 
-    def __init__(self, runtime: PipelineRuntime, schedule: Schedule, microbatches, forward_step_func,
-                 config, forward_only: bool, collect_non_loss_data: bool, store: list):  # fmt: skip
+    def __init__(
+        self,
+        runtime: PipelineRuntime,
+        schedule: Schedule,
+        microbatches,
+        forward_step_func,
+        config,
+        forward_only: bool,
+        collect_non_loss_data: bool,
+        store: list,
+    ):
         self.rt = runtime
         self.placement = schedule.placement
         self.structure = schedule.structure

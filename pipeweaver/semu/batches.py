@@ -1,11 +1,11 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Microbatch metadata as SEMU reads it, built from samples the way the trainer packs them.
 
-A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows
-they produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
-:class:`~orchestration.workload.SampleMeta` alone, mirroring ``megatron.mllm.batch.build_microbatch``
-(which pipeweaver may not import; tests check that both sides agree) and sharing
-:mod:`orchestration.packing` with the trainer.
+A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows they
+produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
+:class:`~orchestration.workload.SampleMeta` alone, mirroring
+``megatron.mllm.batch.build_microbatch`` (which pipeweaver may not import; tests check that both
+sides agree) and sharing :mod:`orchestration.packing` with the trainer.
 """
 
 from __future__ import annotations

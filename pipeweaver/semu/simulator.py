@@ -10,8 +10,8 @@ Pipeline semantics are the runtime's (:mod:`pipeweaver.checker`): each rank runs
 order; a compute starts when the rank is free and its inputs have arrived; a send leaves when
 it is reached (right after its producer in a compute-only schedule) and occupies the directed
 link to its peer for ``bytes / bandwidth`` in FIFO order, arriving ``latency`` later; a receive
-waits for the arrival. Communication overlaps compute. Compute-only schedules (the searcher's)
-are simulated directly, as if lowered: the timings are the same, because the lowering only
+waits for the arrival. Communication overlaps compute. Compute-only schedules (orders before
+lowering) are simulated directly, as if lowered: the timings are the same, because the lowering only
 moves a receive earlier when an earlier-sent tensor has arrived first anyway.
 
 The results and their definitions (bubble ratio, MFU, peak memory) are in
@@ -143,7 +143,7 @@ class Semu:
             microbatches: one :class:`MicrobatchMeta` per microbatch of the schedule.
             start: per rank, when it can start (default 0).
             replica: DP index of this pipeline (decides which links are in a node).
-            record_events: keep the compute intervals (off for search rollouts).
+            record_events: keep the compute intervals (off when only the figures matter).
 
         Raises:
             ScheduleError: the order deadlocks (no rank can progress).

@@ -5,12 +5,11 @@ Compute: each op (a chunk's linear work, its attention, its input layer or head)
 
     max(FLOPs / (peak x efficiency), bytes / (memory bandwidth x memory efficiency))
 
-(DIP's analytical model, pipeweaver.md section 4.1), plus the chunk's tensor-parallel
-collectives, which Megatron does not overlap. A :class:`~orchestration.calibration.Calibration`
-replaces this with measured per-layer times for the modules it covers: then a layer over packed
-sequences of lengths n_i takes ``const + per_sequence * (k - 1) + linear * sum(n_i) +
-quadratic * sum(n_i**2)`` (forward; backward = ``backward_ratio`` x forward), plus the measured
-input layer and head per token.
+(DIP's analytical model), plus the chunk's tensor-parallel collectives, which Megatron does not
+overlap. A :class:`~orchestration.calibration.Calibration` replaces this with measured per-layer
+times for the modules it covers: then a layer over packed sequences of lengths n_i takes ``const +
+per_sequence * (k - 1) + linear * sum(n_i) + quadratic * sum(n_i**2)`` (forward; backward =
+``backward_ratio`` x forward), plus the measured input layer and head per token.
 
 Communication (per device, bytes per direction):
 
@@ -21,7 +20,7 @@ Communication (per device, bytes per direction):
   sets the time, with the share that stays in its node on NVLink and the rest on its NIC.
 
 A group that spans nodes runs at the network bandwidth (rail-optimised fabrics give each GPU its
-own NIC, peers.md 4.1).
+own NIC).
 """
 
 from __future__ import annotations
