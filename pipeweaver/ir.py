@@ -7,7 +7,7 @@ One IR for the whole project. The generators (:mod:`pipeweaver.generators`,
 runtime (:mod:`pipeweaver.runtime`) executes them. Where chunks live is
 :mod:`pipeweaver.placement`; what each compute consumes is :mod:`pipeweaver.dataflow`.
 
-Vocabulary (DIP's):
+Vocabulary (DIP's, and Megatron's for the stage):
 
 * **module**: ``vision``, ``audio`` (the encoders) or ``llm``;
 * **chunk**: a contiguous range of a module's layers placed on one pipeline rank; chunk ``c``
@@ -16,7 +16,7 @@ Vocabulary (DIP's):
 * **sub-microbatch** (*sub*): a group of a microbatch's encoder units that flows through the
   encoder's chunks on its own; the LLM always has sub 0;
 * **compute**: the forward (F) or backward (B) of one chunk on one (sub-)microbatch: a
-  :class:`Compute` action; the F and the B of one chunk on one (sub-)microbatch form an *F/B
+  :class:`Compute` action; the F and the B of the same chunk and (sub-)microbatch form an *F/B
   pair*;
 * **stage**: a pipeline stage, as in Megatron: one pipeline rank and the chunks it holds.
 
@@ -45,7 +45,8 @@ from orchestration.workload import PHASES
 
 MODULES: tuple[str, ...] = PHASES
 """Every module, encoders first, in the order a sample flows through them: the balancer's
-phases, so that the trainer, the balancer and the IR share one order."""
+phases (:data:`orchestration.workload.PHASES`), so that the balancer and the IR share one
+order."""
 
 MODULE_INDEX: Mapping[str, int] = {m: i for i, m in enumerate(MODULES)}
 """Position of each module in :data:`MODULES` (schedulers order computes by it)."""
