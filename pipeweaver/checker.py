@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The static checker: every schedule is validated before it runs (or is simulated).
 
-Execution model (what the runtime of issue 5 implements, and what is checked here):
+Execution model (what :mod:`pipeweaver.runtime` implements, and what is checked here):
 
 * each rank runs its action list strictly in order;
 * a **send** is an ``isend``: it is issued when reached and never blocks the rank; its buffer
@@ -19,8 +19,9 @@ receive, which is what a runtime without posted-ahead receives would do; schedul
 Checks, in order; the first failure raises :class:`ScheduleError` naming the rank, the index
 and the string of the offending action:
 
-1. every compute is a stage of this placement and structure, on the rank that holds its chunk,
-   exactly once; every stage is present; F and B of a stage carry the same memory strategy;
+1. every compute exists in this placement and structure, runs on the rank that holds its chunk,
+   exactly once; every compute is present; both halves of an F/B pair carry the same memory
+   strategy;
 2. every send follows the compute that produces its tensor, goes to the rank of a consumer of
    that tensor, and every receive comes from the producer's rank to a consumer's rank;
 3. every compute's inputs are available: same-rank producers earlier in the list, remote ones
@@ -36,16 +37,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Kind,
-    Schedule,
-    ScheduleError,
-    consumers,
-    data_inputs,
-    stages,
-)
+from pipeweaver.dataflow import all_computes, consumers, data_inputs
+from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
+from pipeweaver.schedule import Schedule
 
 __all__ = ["CheckReport", "ScheduleError", "check"]
 
@@ -77,7 +71,7 @@ def check(
     Args:
         schedule: the schedule, with its communication actions.
         memory_cap: bytes per rank (one value for all, or one per rank); None skips check 6.
-        activation_bytes: bytes a stage keeps from its F to its B, given the F (with its memory
+        activation_bytes: bytes an F/B pair keeps from its F to its B, given the F (with its memory
             strategy); required with ``memory_cap``.
         static_bytes: bytes always resident per rank (weights, gradients, optimizer states),
             counted against the cap; default 0.
@@ -109,15 +103,15 @@ def check(
                 )
             if a.key in seen:
                 pr, pi, _ = seen[a.key]
-                raise ScheduleError(f"the stage already ran at rank {pr} action {pi}", r, i, a)
+                raise ScheduleError(f"the compute already ran at rank {pr} action {pi}", r, i, a)
             seen[a.key] = (r, i, a)
-    for stage in stages(placement, structure):
-        if stage not in seen:
+    for compute in all_computes(placement, structure):
+        if compute not in seen:
             raise ScheduleError(
-                "missing: the step needs this stage but no rank runs it",
-                placement.rank_of(stage.module, stage.chunk),
+                "missing: the step needs this compute but no rank runs it",
+                placement.rank_of(compute.module, compute.chunk),
                 None,
-                stage,
+                compute,
             )
     for key, (r, i, a) in seen.items():
         if a.kind is Kind.B:
@@ -125,7 +119,7 @@ def check(
             if f.memory is not a.memory:
                 raise ScheduleError(
                     f"its forward {f} uses memory strategy {f.memory.value}, this backward "
-                    f"{a.memory.value}; a stage pair uses one strategy",
+                    f"{a.memory.value}; an F/B pair uses one strategy",
                     r,
                     i,
                     a,
@@ -147,7 +141,7 @@ def check(
             producer_rank = placement.rank_of(a.tensor.module, a.tensor.chunk)
             consumer_ranks = {placement.rank_of(c.module, c.chunk) for c, p in cons if p == a.part}
             if not consumer_ranks:
-                raise ScheduleError(f"no stage consumes {a.tensor} part {a.part}", r, i, a)
+                raise ScheduleError(f"no compute consumes {a.tensor} part {a.part}", r, i, a)
             if a.is_send:
                 if producer_rank != r:
                     raise ScheduleError(
@@ -174,7 +168,7 @@ def check(
                         a,
                     )
                 if r not in consumer_ranks:
-                    raise ScheduleError("no stage on this rank consumes it", r, i, a)
+                    raise ScheduleError("no compute on this rank consumes it", r, i, a)
 
     # 3. inputs available before each compute.
     for r, actions in enumerate(ranks):

@@ -2,12 +2,12 @@
 """Random schedules for testing: valid ones any runtime must run, invalid ones any checker must
 reject.
 
-A valid schedule is a random topological order of the step's stages (a random ready stage of a
-random rank at every step, with a random memory strategy per stage pair), lowered. Executing
+A valid schedule is a random topological order of the step's computes (a random ready compute
+of a random rank at every step, with a random memory strategy per F/B pair), lowered. Executing
 that global order one action at a time is always possible, so it is free of deadlock.
 
 An invalid one is a valid schedule with one mutation that certainly breaks it: a missing
-receive or send, a stage run twice, a backward before its forward, two transfers to the same
+receive or send, a compute run twice, a backward before its forward, two transfers to the same
 peer swapped, or a send moved after a receive that (transitively) needs it: a cyclic wait.
 """
 
@@ -16,25 +16,16 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from pipeweaver.ir import (
-    Action,
-    Comm,
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    dependencies,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, dependencies, dependency_graph
+from pipeweaver.ir import Action, Comm, Compute, Kind, Memory
 from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 MUTATIONS: tuple[str, ...] = (
     "drop-recv",
     "drop-send",
-    "duplicate-stage",
+    "duplicate-compute",
     "backward-first",
     "swap-sends",
     "cyclic-wait",
@@ -49,15 +40,15 @@ def random_valid_schedule(
     memories: Sequence[Memory] = (Memory.NONE, Memory.RECOMPUTE),
 ) -> Schedule:
     """A random valid, lowered schedule."""
-    all_stages = list(stages(placement, structure))
-    memory = {a: rng.choice(memories) for a in all_stages if a.kind is Kind.F}
-    missing, dependents = dependency_graph(all_stages, placement, structure)
+    computes = list(all_computes(placement, structure))
+    memory = {a: rng.choice(memories) for a in computes if a.kind is Kind.F}
+    missing, dependents = dependency_graph(computes, placement, structure)
     ready = [[] for _ in range(placement.num_ranks)]
-    for a in all_stages:
+    for a in computes:
         if missing[a] == 0:
             ready[placement.rank_of(a.module, a.chunk)].append(a)
     order: list[list[Compute]] = [[] for _ in range(placement.num_ranks)]
-    for _ in range(len(all_stages)):
+    for _ in range(len(computes)):
         r = rng.choice([r for r in range(placement.num_ranks) if ready[r]])
         a = ready[r].pop(rng.randrange(len(ready[r])))
         f = a if a.kind is Kind.F else a.partner()
@@ -69,9 +60,9 @@ def random_valid_schedule(
     return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "fuzz"))
 
 
-def _depends_on(stage: Compute, target: Compute, placement, structure, memo: dict) -> bool:
-    """Whether ``stage`` needs ``target`` finished, directly or transitively."""
-    key = stage.key
+def _depends_on(compute: Compute, target: Compute, placement, structure, memo: dict) -> bool:
+    """Whether ``compute`` needs ``target`` finished, directly or transitively."""
+    key = compute.key
     if key in memo:
         return memo[key]
     memo[key] = False
@@ -114,7 +105,7 @@ def _mutate(kind: str, ranks: list[list[Action]], placement, structure, rng) -> 
         r, i = rng.choice(pool)
         del ranks[r][i]
         return True
-    if kind == "duplicate-stage":
+    if kind == "duplicate-compute":
         r, i, a = rng.choice([(r, i, a) for r, i, a in where if isinstance(a, Compute)])
         ranks[r].insert(rng.randrange(len(ranks[r]) + 1), a)
         return True

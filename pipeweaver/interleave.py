@@ -1,72 +1,75 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Greedy dual-queue stage interleaving: the dynamic pipeline's per-batch stage order.
+"""Greedy dual-queue interleaving: the dynamic pipeline's per-batch order of computes.
 
-DIP's phase 2 (``shared/research/pipeweaver.md`` section 3.3), as a generator of the schedule
-IR: each rank keeps a forward queue and a backward queue of stages whose inputs are scheduled;
+The second phase of DIP's planner (its per-batch interleaving), as a generator of the schedule
+IR: each rank keeps a forward queue and a backward queue of computes whose inputs are scheduled;
 the rank that can start something soonest goes next. When both a forward and a backward are
 ready as the rank frees up, it alternates with the kind it ran last (1F1B's rhythm); otherwise it
 runs whatever can start first, which keeps idle gaps small. A rank whose activations exceed its
-memory cap runs backwards only until memory drops. Stage durations come from a cost function
-(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the searcher
-of a later issue will supply priorities; the default prefers earlier microbatches).
+memory cap runs backwards only until memory drops. Compute durations come from a cost function
+(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the default
+prefers earlier microbatches).
 
 Pure Python: the result is a compute-only order lowered with :func:`pipeweaver.lowering.lower`,
-valid by construction (every stage is placed after its producers).
+valid by construction (every compute is placed after its producers).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from orchestration.model_shape import ModelShape
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    data_inputs,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, data_inputs, dependency_graph
+from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
-
-_MODULE_ORDER = {"vision": 0, "audio": 1, "llm": 2}
-
-Sequences = Callable[[Compute], tuple[Sequence[int], int]]
-"""A stage's independent sequence lengths (its sub's units, or its microbatch's packed
-samples) and the rows it projects (an encoder's last chunk; else 0)."""
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 
-def flops_durations(shape: ModelShape, placement: Placement, sequences: Sequences):
-    """Stage durations in FLOPs: the chunk's layers over its sequences, plus the input layer on
+class SequencedMicrobatch(Protocol):
+    """What :func:`flops_durations` needs of a microbatch (the trainer's and SEMU's have it)."""
+
+    def compute_sequences(self, module: str, sub: int) -> tuple[Sequence[int], int]:
+        """The independent sequence lengths a compute of ``module`` on sub ``sub`` runs over
+        (the sub's encoder units, or the LLM's packed samples), and the LLM rows the sub
+        projects (0 for the LLM)."""
+
+
+def flops_durations(
+    shape: ModelShape, placement: Placement, microbatches: Sequence[SequencedMicrobatch]
+) -> Callable[[Compute], float]:
+    """Compute durations in FLOPs: the chunk's layers over its sequences, plus the input layer on
     chunk 0 and the head on the last chunk; a backward costs twice its forward.
 
     The trainer and SEMU both order the dynamic pipeline with this, so SEMU simulates exactly
     the order the trainer runs.
+
+    Args:
+        shape: the model's sizes.
+        placement: the layers of each chunk.
+        microbatches: the step's microbatches, indexed by :attr:`Compute.microbatch`.
     """
 
-    def duration(stage: Compute) -> float:
-        lens, rows = sequences(stage)
-        start, stop = placement.layer_range(stage.module, stage.chunk)
-        t = shape.llm if stage.module == "llm" else shape.encoders[stage.module]
+    def duration(compute: Compute) -> float:
+        mb = microbatches[compute.microbatch]
+        lens, rows = mb.compute_sequences(compute.module, compute.sub)
+        start, stop = placement.layer_range(compute.module, compute.chunk)
+        t = shape.llm if compute.module == "llm" else shape.encoders[compute.module]
         flops = t.forward_flops(lens, layers=stop - start)
         tokens = sum(lens)
-        if stage.module != "llm" and start == 0:
+        if compute.module != "llm" and start == 0:
             flops += tokens * t.input_flops_per_token
-        if stop == placement.num_layers(stage.module):
-            flops += (tokens if stage.module == "llm" else rows) * t.output_flops_per_token
-        return flops * (2.0 if stage.kind is Kind.B else 1.0)
+        if stop == placement.num_layers(compute.module):
+            flops += (tokens if compute.module == "llm" else rows) * t.output_flops_per_token
+        return flops * (2.0 if compute.kind is Kind.B else 1.0)
 
     return duration
 
 
-def default_priority(stage: Compute) -> tuple:
+def default_priority(compute: Compute) -> tuple:
     """Earlier microbatches first, encoders before the LLM, then sub and chunk (lower first)."""
-    return (stage.microbatch, _MODULE_ORDER[stage.module], stage.sub, stage.chunk)
+    return (compute.microbatch, MODULE_INDEX[compute.module], compute.sub, compute.chunk)
 
 
 def greedy_dual_queue(
@@ -80,15 +83,15 @@ def greedy_dual_queue(
     memory_cap: float | Sequence[float] | None = None,
     activation_bytes: Callable[[Compute], float] | None = None,
 ) -> Schedule:
-    """Interleave every stage of every module on every rank; returns a lowered schedule.
+    """Interleave every compute of every module on every rank; returns a lowered schedule.
 
     Args:
         placement: where each chunk lives (typically every module spread over all ranks).
         structure: microbatches and encoder subs of the step.
-        duration: predicted time of a stage (F or B).
-        p2p_time: latency added when a stage's input comes from another rank.
-        priority: lower keys run first among stages ready at the same time.
-        memory: memory strategy of every stage.
+        duration: predicted time of a compute (F or B).
+        p2p_time: latency added when a compute's input comes from another rank.
+        priority: lower keys run first among computes ready at the same time.
+        memory: memory strategy of every compute.
         memory_cap: activation bytes per rank (one for all or one per rank) above which a rank
             runs only backwards; needs ``activation_bytes``.
         activation_bytes: bytes a forward keeps until its backward.
@@ -105,12 +108,12 @@ def greedy_dual_queue(
         if activation_bytes is None:
             raise ScheduleError("memory_cap needs activation_bytes")
         caps = [memory_cap] * P if isinstance(memory_cap, (int, float)) else list(memory_cap)
-    all_stages = list(stages(placement, structure))
-    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in all_stages}
-    missing, dependents = dependency_graph(all_stages, placement, structure)
+    computes = list(all_computes(placement, structure))
+    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in computes}
+    missing, dependents = dependency_graph(computes, placement, structure)
     ready_at: dict[Compute, float] = {}
     end: dict[Compute, float] = {}
-    # Per rank and kind, a heap of (earliest start, priority, stage).
+    # Per rank and kind, a heap of (earliest start, priority, compute).
     queues: list[dict[Kind, list]] = [{Kind.F: [], Kind.B: []} for _ in range(P)]
     t_last = [0.0] * P
     last_kind: list[Kind | None] = [None] * P
@@ -121,12 +124,12 @@ def greedy_dual_queue(
         ready_at[a] = t
         heapq.heappush(queues[rank_of[a]][a.kind], (t, priority(a), a))
 
-    for a in all_stages:
+    for a in computes:
         if missing[a] == 0:
             push(a, 0.0)
 
     def best(r: int, kind: Kind, now: float):
-        """The highest-priority stage of a queue that can start at ``now``, else the earliest."""
+        """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
         q = queues[r][kind]
         if not q:
             return None
@@ -136,9 +139,9 @@ def greedy_dual_queue(
         return q[0]
 
     placed = 0
-    total = len(all_stages)
+    total = len(computes)
     while placed < total:
-        # The rank that can start a stage soonest.
+        # The rank that can start a compute soonest.
         choice = None
         for r in range(P):
             throttled = caps is not None and used[r] > caps[r]
@@ -150,7 +153,9 @@ def greedy_dual_queue(
             if choice is None or start < choice[0]:
                 choice = (start, r, kinds)
         if choice is None:
-            raise ScheduleError("greedy interleaving: no stage is ready; the data flow has a cycle")
+            raise ScheduleError(
+                "greedy interleaving: no compute is ready; the data flow has a cycle"
+            )
         start, r, kinds = choice
         fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
         bw = best(r, Kind.B, t_last[r]) if Kind.B in kinds else None

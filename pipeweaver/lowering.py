@@ -3,7 +3,7 @@
 
 Rules (the runtime's contract, checked by :mod:`pipeweaver.checker`):
 
-* a stage's output that a stage on another rank consumes is sent right after the producing
+* a compute's output that a compute on another rank consumes is sent right after the producing
   compute (``isend``: it never blocks the sender); same-rank consumers need no communication;
 * it is received right before its first consumer (the runtime posts the ``irecv`` ahead and
   waits at the receive action);
@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeweaver.ir import Comm, CommOp, Compute, Schedule, ScheduleError, consumers, data_inputs
+from pipeweaver.dataflow import consumers, data_inputs
+from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
+from pipeweaver.schedule import Schedule
 
 
 def lower(schedule: Schedule) -> Schedule:
     """Add sends and receives to a schedule's compute order (existing comms are replaced).
 
     Raises:
-        ScheduleError: a compute appears twice, or consumes a stage that no rank runs; names the
+        ScheduleError: a compute appears twice, or consumes a compute that no rank runs; names the
             offending action.
     """
     placement, structure = schedule.placement, schedule.structure
@@ -33,7 +35,7 @@ def lower(schedule: Schedule) -> Schedule:
     for r, computes in enumerate(order):
         for i, a in enumerate(computes):
             if a.key in where:
-                raise ScheduleError("the stage appears twice", r, i, a)
+                raise ScheduleError("the compute appears twice", r, i, a)
             where[a.key] = (r, i)
     for r, computes in enumerate(order):
         for i, a in enumerate(computes):

@@ -713,8 +713,9 @@ def measure_trainer(
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import schedules
     from megatron.mllm import training
-    from pipeweaver.ir import Compute, Kind, Placement
-    from pipeweaver.schedules import generate
+    from pipeweaver.generators import generate
+    from pipeweaver.ir import Compute, Kind
+    from pipeweaver.placement import Placement
     from pipeweaver.semu.batches import pack_microbatch, structure_of
     from pipeweaver.semu.hardware import DEVICES, ClusterSpec
     from pipeweaver.semu.simulator import Semu
@@ -770,7 +771,7 @@ def measure_trainer(
                 pred = {(j, kind): 0.0 for j in range(len(mbs)) for kind in "FB"}
                 for a in sched.actions[0]:
                     if type(a) is Compute:
-                        c = semu.stage_cost(placement, a, mbs[a.microbatch]).time_s
+                        c = semu.compute_cost(placement, a, mbs[a.microbatch]).time_s
                         pred[(a.microbatch, "F" if a.kind is Kind.F else "B")] += c
                 for j, (f, b) in enumerate(zip(record["forward_step"], record["backward_step"])):
                     fit_f.append(f / pred[(j, "F")] - 1)

@@ -53,16 +53,12 @@ if _REPO_ROOT not in sys.path:
 from tool_args import find_config  # noqa: E402
 
 from orchestration.calibration import Calibration  # noqa: E402
-from orchestration.workload import WorkloadError, read_jsonl
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
-from pipeweaver.checker import check  # noqa: E402
-from pipeweaver.interleave import flops_durations, greedy_dual_queue  # noqa: E402
-from pipeweaver.ir import Memory, Placement, ScheduleError  # noqa: E402
-from pipeweaver.schedules import generate  # noqa: E402
+from orchestration.workload import WorkloadError  # noqa: E402
+from pipeweaver.ir import ScheduleError  # noqa: E402
 from pipeweaver.semu import trace  # noqa: E402
-from pipeweaver.semu.batches import step_microbatches, structure_of  # noqa: E402
 from pipeweaver.semu.hardware import ClusterSpec  # noqa: E402
-from pipeweaver.semu.model import ModelConfigError, ModelSpec, load_model_config  # noqa: E402
+from pipeweaver.semu.model import ModelConfigError, load_model_config  # noqa: E402
+from pipeweaver.semu.scenario import PLACEMENTS, SCHEDULES, build_step, placement_kind  # noqa: E402
 from pipeweaver.semu.simulator import Semu  # noqa: E402
 
 
@@ -102,102 +98,13 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
     return out
 
 
-def build_step(args, spec: ModelSpec, cluster: ClusterSpec):
-    """Placement, per-replica microbatches and schedules of the step to simulate."""
-    dp = spec.parallel.data(cluster.num_devices)
-    pp = spec.parallel.pipeline
-    m = spec.training.num_microbatches(dp)
-    workload = args.workload or spec.training.workload
-    seed = spec.training.workload_seed if args.seed is None else args.seed
-    scale = spec.training.workload_token_scale if args.token_scale is None else args.token_scale
-    if workload.endswith(".jsonl"):
-        samples = read_jsonl(workload)
-        sample_of = lambda k: samples[k % len(samples)]  # noqa: E731
-    else:
-        gen = WorkloadGenerator(WorkloadSpec.load(workload), seed=seed, token_scale=scale)
-        sample_of = gen.sample
-    encoders = list(spec.shape.encoders)
-    seq = spec.training.seq_length
-    pad = args.pad == "megatron" and pp > 1
-    replicas = dp if args.replicas is None else max(1, min(args.replicas, dp))
-    sub_tokens = args.encoder_sub_microbatch_tokens
-    if sub_tokens is None:
-        sub_tokens = int(spec.flags.get("encoder_sub_microbatch_tokens", 0) or 0)
-    shape = spec.shape
-    mbs_all = step_microbatches(
-        sample_of,
-        args.iteration,
-        dp,
-        spec.training.micro_batch_size,
-        m,
-        encoders,
-        pad_to=seq * spec.training.micro_batch_size if pad else None,
-        max_pad_run=seq,
-        sub_tokens=sub_tokens,
-        flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
-    )[:replicas]
-    name = args.schedule
-    if name == "megatron":
-        name = (
-            "none"
-            if pp == 1
-            else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
-        )
-    placement_kind = args.placement or (
-        "interleaved" if name in ("dataflow", "dynamic") else "baseline"
-    )
-    if placement_kind == "baseline":
-        placement = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
-    else:
-        k = {mod: int(v) for mod, v in _kv(args.chunks_per_rank or "", "--chunks-per-rank").items()}
-        k.setdefault("llm", spec.parallel.llm_chunks_per_rank)
-        placement = Placement.interleaved(pp, spec.layers(), k)
-    memory = Memory(args.memory or spec.training.memory)
-    schedules = []
-    cache: dict = {}
-    for mbs in mbs_all:
-        st = structure_of(mbs, encoders)
-        if name == "dynamic":  # the trainer's order: depends on the sequences, not the structure
-            sched = greedy_dual_queue(
-                placement, st, flops_durations(shape, placement, _sequences(mbs)), memory=memory
-            )
-            if not args.no_check:
-                check(sched)
-            schedules.append(sched)
-            continue
-        if st not in cache:
-            sched = generate(name, placement, st, memory=memory)
-            if not args.no_check:
-                check(sched)
-            cache[st] = sched
-        schedules.append(cache[st])
-    info = {
-        "model": spec.name,
-        "cluster": cluster.name,
-        "schedule": name,
-        "placement": placement_kind,
-        "tp": spec.parallel.tensor,
-        "pp": pp,
-        "dp": dp,
-        "num_microbatches": m,
-        "workload": workload,
-        "iteration": args.iteration,
-        "replicas_simulated": replicas,
-    }
-    return schedules, mbs_all, info
-
-
-def _sequences(microbatches):
-    """Each stage's sequences and rows, for ``flops_durations``."""
-
-    def sequences(stage):
-        mb = microbatches[stage.microbatch]
-        if stage.module == "llm":
-            return mb.llm_seq_lens, 0
-        sub = mb.encoders[stage.module][stage.sub]
-        return sub.units, sub.rows
-
-    return sequences
+def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
+    """``--chunks-per-rank vision=2,audio=1`` as a mapping; None when not given, or when the
+    step's placement is the baseline, which ignores it."""
+    text = args.chunks_per_rank
+    if text is None or placement_kind(args.schedule, args.placement) == "baseline":
+        return None
+    return {mod: int(v) for mod, v in _kv(text, "--chunks-per-rank").items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--schedule",
         default="megatron",
-        choices=["megatron", "1f1b", "interleaved", "none", "dataflow", "dynamic"],
+        choices=list(SCHEDULES),
         help="schedule generator (default: the upstream-Megatron baseline)",
     )
-    parser.add_argument("--placement", choices=["baseline", "interleaved"], help="chunk layout")
+    parser.add_argument("--placement", choices=list(PLACEMENTS), help="chunk layout")
     parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
     parser.add_argument(
         "--encoder-sub-microbatch-tokens",
@@ -254,7 +161,22 @@ def main(argv: list[str] | None = None) -> int:
         with open(cluster_path, encoding="utf-8") as f:
             cluster = ClusterSpec.from_json(json.load(f), where=cluster_path)
         calibration = Calibration.load(args.calibration) if args.calibration else None
-        schedules, mbs, info = build_step(args, spec, cluster)
+        schedules, mbs, info = build_step(
+            spec,
+            cluster,
+            schedule=args.schedule,
+            placement=args.placement,
+            chunks_per_rank=_chunks_per_rank(args),
+            memory=args.memory,
+            pad=args.pad == "megatron",
+            workload=args.workload,
+            seed=args.seed,
+            token_scale=args.token_scale,
+            iteration=args.iteration,
+            replicas=args.replicas,
+            encoder_sub_microbatch_tokens=args.encoder_sub_microbatch_tokens,
+            run_checker=not args.no_check,
+        )
         balancer = None
         if args.balancer_bytes:
             with open(args.balancer_bytes, encoding="utf-8") as f:
@@ -270,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
     if args.png:
-        trace.write_png(
-            result,
-            args.png,
-            title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
-            f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
-            f"MFU {result.mfu:.1%}",
-        )
+        try:
+            trace.write_png(
+                result,
+                args.png,
+                title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
+                f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
+                f"MFU {result.mfu:.1%}",
+            )
+        except ImportError as e:  # matplotlib is optional
+            _fail(str(e))
     if args.json:
         print(json.dumps({**result.to_json(), "config": info}))
     else:

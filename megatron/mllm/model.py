@@ -20,7 +20,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.mllm.batch import PackedMicrobatch
 from megatron.mllm.chunks import ChunkId, EncoderChunk, LanguageChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
-from pipeweaver.ir import Placement
+from pipeweaver.placement import Placement
 
 
 def module_layers(mllm: MLLMConfig) -> dict[str, int]:

@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The model and data side of OrchWeave's pipeline runtime (``pipeweaver.runtime``).
 
-- :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.ir.Placement` (any
+- :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.placement.Placement` (any
   module cut anywhere) as one megatron-core module, so megatron-core's DDP, optimizer and
   ``finalize_model_grads`` treat it like any stage model;
 - :class:`ChunkStage` gives one chunk megatron-core's model contract (``set_input_tensor``,
@@ -37,9 +37,10 @@ from megatron.mllm.model import PlacedModel, module_layers
 from orchestration.model_shape import ModelShape
 from orchestration.packing import sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from pipeweaver.generators import interleaved_one_f_one_b, one_f_one_b
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
-from pipeweaver.ir import Compute, Memory, Placement
-from pipeweaver.schedules import interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.ir import Memory
+from pipeweaver.placement import Placement
 
 RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
 """``--pipeline-schedule`` values run by OrchWeave's runtime (``megatron`` is megatron-core's)."""
@@ -201,6 +202,14 @@ class PipelineMicrobatch:
             return (sub_input.num_rows, self.hidden_sizes["llm"])
         return (sub_input.num_tokens, 1, self.hidden_sizes[module])
 
+    def compute_sequences(self, module: str, sub: int) -> tuple[Sequence[int], int]:
+        """The sequences a compute of ``module`` on sub ``sub`` runs over, and the LLM rows the
+        sub projects (0 for the LLM): what ``pipeweaver.interleave.flops_durations`` reads."""
+        if module == "llm":
+            return self.language.seq_lens, 0
+        sub_input = self.sub_input(module, sub)
+        return sub_input.unit_lens, sub_input.num_rows
+
     def stage_batch(self, module: str, chunk: int, sub: int) -> StageBatch:
         """The batch ``forward_step_func`` receives for one stage."""
         return StageBatch(self, module, chunk, sub)
@@ -237,19 +246,6 @@ def build_pipeline_microbatch(
     return PipelineMicrobatch(packed, subs, sizes)
 
 
-def stage_sequences(microbatches: Sequence[PipelineMicrobatch]):
-    """For :func:`pipeweaver.interleave.flops_durations`: each stage's sequences and rows."""
-
-    def sequences(stage: Compute) -> tuple[Sequence[int], int]:
-        mb = microbatches[stage.microbatch]
-        if stage.module == "llm":
-            return mb.language.seq_lens, 0
-        sub = mb.sub_input(stage.module, stage.sub)
-        return sub.unit_lens, sub.num_rows
-
-    return sequences
-
-
 def schedule_function(name: str, shape: ModelShape, memory: Memory = Memory.NONE):
     """The runtime's schedule function for ``--pipeline-schedule name``."""
     if name == "1f1b":
@@ -260,9 +256,6 @@ def schedule_function(name: str, shape: ModelShape, memory: Memory = Memory.NONE
         )
     if name == "dynamic":
         return lambda placement, structure, mbs: greedy_dual_queue(
-            placement,
-            structure,
-            flops_durations(shape, placement, stage_sequences(mbs)),
-            memory=memory,
+            placement, structure, flops_durations(shape, placement, mbs), memory=memory
         )
     raise ValueError(f"unknown runtime schedule {name!r}; expected one of {RUNTIME_SCHEDULES}")

@@ -1,12 +1,12 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The pipeline runtime: executes a per-batch schedule and is a drop-in for Megatron's schedules.
 
-:class:`PipelineRuntime.forward_backward` has megatron-core 0.19's ``forward_backward_func``
-keyword signature and contract (``shared/research/megatron.md`` section 2.8): it calls the
-user's ``forward_step_func`` through megatron-core's ``forward_step``/``backward_step`` helpers
-(so loss normalisation, per-token loss, grad scaling and ``set_input_tensor`` are Megatron's),
-runs inside ``config.no_sync_func``, calls ``config.finalize_model_grads_func`` with the token
-count, and returns the loss dicts on the rank that holds the last LLM chunk.
+:class:`PipelineRuntime.forward_backward` has megatron-core 0.19's ``forward_backward_func`` keyword
+signature and contract: it calls the user's ``forward_step_func`` through megatron-core's
+``forward_step``/``backward_step`` helpers (so loss normalisation, per-token loss, grad scaling and
+``set_input_tensor`` are Megatron's), runs inside ``config.no_sync_func``, calls
+``config.finalize_model_grads_func`` with the token count, and returns the loss dicts on the rank
+that holds the last LLM chunk.
 
 What it adds is the order: every step it derives the microbatch structure from the data,
 asks its schedule function for a schedule in the IR, validates it with the static checker
@@ -14,7 +14,7 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 
 * a forward gathers its inputs (the previous chunk's output, local or received; for LLM chunk
   0, every encoder sub's projected rows), runs the chunk, and keeps what its backward needs
-  (everything, or only the inputs when the stage recomputes);
+  (everything, or only the inputs when the compute recomputes);
 * a backward takes its output gradient (local or received), runs the chunk's backward and
   routes the input gradients to the producers, part by part for LLM chunk 0;
 * sends are ``isend`` and never block; the matching ``irecv`` are posted ahead (no later than
@@ -24,7 +24,7 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 
 The model side is described by two small protocols, so the runtime knows nothing of the model:
 
-* ``stage(module, chunk)`` returns a module with megatron-core's model contract
+* ``chunk_module(module, chunk)`` returns a module with megatron-core's model contract
   (``set_input_tensor(list)``, ``forward(batch)``) for one chunk on this rank;
 * each microbatch from ``data_iterator`` provides ``num_subs(encoder)``,
   ``output_shape(module, sub, last_chunk)`` and ``stage_batch(module, chunk, sub)``.
@@ -43,18 +43,11 @@ from megatron.core.pipeline_parallel.schedules import (
     forward_step,
 )
 from pipeweaver.checker import check
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    data_inputs,
-)
+from pipeweaver.dataflow import MicrobatchStructure, consumers, data_inputs
+from pipeweaver.ir import Comm, Compute, Kind, Memory, ScheduleError
+from pipeweaver.placement import Placement
 from pipeweaver.runtime.p2p import PipelineP2P
+from pipeweaver.schedule import Schedule
 
 
 class RuntimeMicrobatch(Protocol):
@@ -68,14 +61,14 @@ class RuntimeMicrobatch(Protocol):
         last chunk), or the LLM's hidden states."""
 
     def stage_batch(self, module: str, chunk: int, sub: int) -> Any:
-        """What ``forward_step_func`` receives from its data iterator for one stage."""
+        """What ``forward_step_func`` receives from its data iterator for one compute."""
 
 
 ScheduleFn = Callable[[Placement, MicrobatchStructure, Sequence[RuntimeMicrobatch]], Schedule]
 """Makes the step's schedule from the placement, the structure and the microbatches."""
 
 Edge = tuple[Compute, Any]
-"""A tensor in flight: the producing stage and, for LLM chunk 0's input gradient, the part."""
+"""A tensor in flight: the producing compute and, for LLM chunk 0's input gradient, the part."""
 
 
 class PipelineRuntime:
@@ -84,7 +77,7 @@ class PipelineRuntime:
     def __init__(
         self,
         placement: Placement,
-        stage: Callable[[str, int], torch.nn.Module],
+        chunk_module: Callable[[str, int], torch.nn.Module],
         p2p: PipelineP2P,
         schedule_fn: ScheduleFn,
         device: torch.device,
@@ -94,7 +87,7 @@ class PipelineRuntime:
     ):
         """Args:
         placement: where every chunk lives; fixed for the run.
-        stage: this rank's chunk modules, by (module, chunk).
+        chunk_module: this rank's chunk modules, by (module, chunk).
         p2p: transfers between this pipeline's stages.
         schedule_fn: the step's schedule, from its microbatches.
         device: where receive buffers go (the model's device).
@@ -108,7 +101,7 @@ class PipelineRuntime:
                 f"{p2p.num_stages}"
             )
         self.placement = placement
-        self.stage = stage
+        self.chunk_module = chunk_module
         self.p2p = p2p
         self.rank = p2p.stage
         self.schedule_fn = schedule_fn
@@ -116,8 +109,6 @@ class PipelineRuntime:
         self.dtype = dtype
         self.memory_cap = memory_cap
         self.activation_bytes = activation_bytes
-        self.last_schedule: Schedule | None = None
-        """The schedule of the latest step (for logs and tests)."""
 
     @property
     def holds_loss(self) -> bool:
@@ -168,7 +159,6 @@ class PipelineRuntime:
             memory_cap=self.memory_cap,
             activation_bytes=self.activation_bytes if self.memory_cap is not None else None,
         )
-        self.last_schedule = schedule
         store: list = []
         total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
         no_sync = contextlib.nullcontext
@@ -192,8 +182,17 @@ class PipelineRuntime:
 class _Step:
     """One rank's execution of one schedule."""
 
-    def __init__(self, runtime: PipelineRuntime, schedule: Schedule, microbatches, forward_step_func,
-                 config, forward_only: bool, collect_non_loss_data: bool, store: list):  # fmt: skip
+    def __init__(
+        self,
+        runtime: PipelineRuntime,
+        schedule: Schedule,
+        microbatches,
+        forward_step_func,
+        config,
+        forward_only: bool,
+        collect_non_loss_data: bool,
+        store: list,
+    ):
         self.rt = runtime
         self.placement = schedule.placement
         self.structure = schedule.structure
@@ -204,7 +203,7 @@ class _Step:
         self.forward_only = forward_only
         self.collect_non_loss_data = collect_non_loss_data
         self.store = store
-        self.saved: dict[Compute, tuple[list, Any]] = {}  # F stage -> (inputs, output)
+        self.saved: dict[Compute, tuple[list, Any]] = {}  # F compute -> (inputs, output)
         self.local: dict[Edge, torch.Tensor] = {}  # tensors for consumers on this rank
         self.outbox: dict[Edge, torch.Tensor] = {}  # tensors waiting for their send action
         self.inbox: dict[Edge, tuple[torch.Tensor, Any]] = {}  # posted receives
@@ -273,7 +272,7 @@ class _Step:
         self.received[comm.edge] = buf
 
     def _take(self, edge: Edge, activation: bool) -> torch.Tensor:
-        """A stage's input (activation) or output gradient, from this rank or the network."""
+        """A compute's input (activation) or output gradient, from this rank or the network."""
         tensor = self.local.pop(edge, None)
         if tensor is None:
             tensor = self.received.pop(edge, None)
@@ -292,7 +291,7 @@ class _Step:
 
     # ---------------------------------------------------------------------- compute
 
-    def _is_loss_stage(self, a: Compute) -> bool:
+    def _is_loss_compute(self, a: Compute) -> bool:
         return a.module == "llm" and a.chunk == self.placement.num_chunks("llm") - 1
 
     def _run_forward(self, a: Compute, inputs: list, store: list):
@@ -300,7 +299,7 @@ class _Step:
         output, tokens = forward_step(
             self.forward_step_func,
             iter([batch]),
-            self.rt.stage(a.module, a.chunk),
+            self.rt.chunk_module(a.module, a.chunk),
             len(self.microbatches),
             inputs,
             store,
@@ -309,7 +308,7 @@ class _Step:
             collect_non_loss_data=self.collect_non_loss_data,
             is_first_microbatch=a.microbatch == 0,
             current_microbatch=a.microbatch,
-            is_last_stage=self._is_loss_stage(a),
+            is_last_stage=self._is_loss_compute(a),
         )
         return output, tokens
 
@@ -318,46 +317,38 @@ class _Step:
             raise ScheduleError(
                 "the runtime does not support offloading yet", self.rt.rank, None, a
             )
-        producers = data_inputs(a, self.placement, self.structure)
-        inputs = [self._take((p.key, None), activation=True) for p, _ in producers] or [None]
-        loss_stage = self._is_loss_stage(a)
+        edges = data_inputs(a, self.placement, self.structure)
+        inputs = [self._take(edge, activation=True) for edge in edges] or [None]
+        loss_compute = self._is_loss_compute(a)
         keep = not self.forward_only and a.memory is not Memory.RECOMPUTE
         with contextlib.nullcontext() if keep else torch.no_grad():
             output, tokens = self._run_forward(a, inputs, self.store)
-        if loss_stage:
+        if loss_compute:
             self.tokens += tokens
         out = output[0]
         if not self.forward_only:
             self.saved[a.key] = (inputs, out if keep else None)
-        if loss_stage:
+        if loss_compute:
             return
         # The consumer gets the values; this rank keeps only the graph (Megatron's trick).
-        consumer = Compute(a.module, a.chunk + 1, Kind.F, a.microbatch, a.sub)
-        if a.chunk == self.placement.num_chunks(a.module) - 1:
-            consumer = Compute("llm", 0, Kind.F, a.microbatch, 0)
-        self._deliver((a.key, None), out.detach(), consumer)
+        for consumer, part in consumers(a, self.placement, self.structure):
+            self._deliver((a.key, part), out.detach(), consumer)
         if keep:
             deallocate_output_tensor(out, self.config.deallocate_pipeline_outputs)
 
     def _backward(self, a: Compute) -> None:
-        f = a.key.partner()
-        inputs, out = self.saved.pop(f)
+        inputs, out = self.saved.pop(a.key.partner())
         if out is None:  # recompute: rerun the forward with autograd on the saved inputs
             output, _ = self._run_forward(a, inputs, [])
             out = output[0]
             deallocate_output_tensor(
-                out, self.config.deallocate_pipeline_outputs and not self._is_loss_stage(a)
+                out, self.config.deallocate_pipeline_outputs and not self._is_loss_compute(a)
             )
-        grad = None
-        if not self._is_loss_stage(a):
-            last = a.chunk == self.placement.num_chunks(a.module) - 1
-            if a.module != "llm" and last:
-                edge = (Compute("llm", 0, Kind.B, a.microbatch, 0), (a.module, a.sub))
-            else:
-                edge = (Compute(a.module, a.chunk + 1, Kind.B, a.microbatch, a.sub), None)
-            grad = self._take(edge, activation=False)
+        # The output gradient (none for the loss compute, whose backward starts from the loss).
+        edges = data_inputs(a, self.placement, self.structure)
+        grad = self._take(edges[0], activation=False) if edges else None
         grads = backward_step(inputs, out, grad, self.config)
-        producers = data_inputs(f, self.placement, self.structure)
-        for (producer, _), g in zip(producers, grads):
-            part = (producer.module, producer.sub) if a.module == "llm" and a.chunk == 0 else None
-            self._deliver((a.key, part), g, producer.partner())
+        # One input gradient per input of the forward; consumers() lists their consumers in the
+        # order of the forward's data_inputs(), which is the order of ``inputs``.
+        for (consumer, part), g in zip(consumers(a, self.placement, self.structure), grads):
+            self._deliver((a.key, part), g, consumer)

@@ -1,11 +1,11 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Microbatch metadata as SEMU reads it, built from samples the way the trainer packs them.
 
-A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows
-they produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
-:class:`~orchestration.workload.SampleMeta` alone, mirroring ``megatron.mllm.batch.build_microbatch``
-(which pipeweaver may not import; tests check that both sides agree) and sharing
-:mod:`orchestration.packing` with the trainer.
+A :class:`MicrobatchMeta` holds, per encoder, the units of each sub-microbatch and the LLM rows they
+produce, and the LLM's packed sequence lengths (padding runs included). It is derived from
+:class:`~orchestration.workload.SampleMeta` alone, mirroring
+``megatron.mllm.batch.build_microbatch`` (which pipeweaver may not import; tests check that both
+sides agree) and sharing :mod:`orchestration.packing` with the trainer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
-from pipeweaver.ir import MicrobatchStructure
+from pipeweaver.dataflow import MicrobatchStructure
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,14 @@ class MicrobatchMeta:
     def num_subs(self, encoder: str) -> int:
         """Subs of an encoder (0 when absent)."""
         return len(self.encoders.get(encoder, ()))
+
+    def compute_sequences(self, module: str, sub: int) -> tuple[tuple[int, ...], int]:
+        """The sequences a compute of ``module`` on sub ``sub`` runs over, and the LLM rows the
+        sub projects (0 for the LLM): :class:`pipeweaver.interleave.SequencedMicrobatch`."""
+        if module == "llm":
+            return self.llm_seq_lens, 0
+        batch = self.encoders[module][sub]
+        return batch.units, batch.rows
 
 
 def pack_microbatch(

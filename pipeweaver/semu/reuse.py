@@ -1,21 +1,21 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Spatial-temporal subgraph reuse: costed subgraphs and timelines computed once, used often.
 
-PipeWeaver's SEMU is "accelerated by spatial-temporal subgraph reuse" (v1 abstract; the
-mechanism itself is not public, pipeweaver.md section 4.2). OrchWeave's version caches three
+PipeWeaver's SEMU is "accelerated by spatial-temporal subgraph reuse" (the paper's abstract; the
+paper does not describe the mechanism). OrchWeave's version caches three
 levels, each keyed by everything its result depends on, so a hit returns exactly what a miss
 would compute (tests check that results are identical with and without reuse):
 
-1. **subgraph**: one stage's cost (time, kept and transient memory), keyed by the chunk's
+1. **subgraph**: one compute's cost (time, kept and transient memory), keyed by the chunk's
    *shape* — module, number of layers, whether it holds the input layer or the head, F/B,
    memory strategy, the sorted sequence lengths and output rows — not by its position. Equal
    chunks on different ranks (spatial: every middle LLM chunk), on different DP replicas, and
    the same shapes in later microbatches, rollouts and iterations (temporal) share one entry;
 2. **graph** and **microbatch**: the data-flow graph of one (placement, microbatch structure)
-   (which inputs of each stage are remote, which consumers it sends to), and all stage costs,
+   (which inputs of each compute are remote, which consumers it sends to), and all compute costs,
    transfer times and compiled simulator ops of one microbatch under one placement (the
-   per-microbatch "stage latency" vectors DIP's planner computes first); a search evaluates
-   thousands of orders of the same microbatches;
+   per-microbatch latency vectors DIP's planner computes first); evaluating many orders of
+   the same microbatches (``tools/bench/semu_speed.py``) hits it;
 3. **timeline**: the whole pipeline simulation of one (schedule, microbatches, start offsets,
    link layout); identical DP replicas and re-evaluated rollouts hit it.
 
@@ -86,9 +86,3 @@ class ReuseCache:
         """Zero the hit counters (keeps the entries)."""
         self.hits.clear()
         self.misses.clear()
-
-    def clear(self) -> None:
-        """Drop every entry and counter."""
-        for table in self.levels.values():
-            table.clear()
-        self.reset_counters()

@@ -10,218 +10,31 @@ Pipeline semantics are the runtime's (:mod:`pipeweaver.checker`): each rank runs
 order; a compute starts when the rank is free and its inputs have arrived; a send leaves when
 it is reached (right after its producer in a compute-only schedule) and occupies the directed
 link to its peer for ``bytes / bandwidth`` in FIFO order, arriving ``latency`` later; a receive
-waits for the arrival. Communication overlaps compute. Compute-only schedules (the searcher's)
-are simulated directly, as if lowered: the timings are the same, because the lowering only
+waits for the arrival. Communication overlaps compute. Compute-only schedules (orders before
+lowering) are simulated directly, as if lowered: the timings are the same, because the lowering only
 moves a receive earlier when an earlier-sent tensor has arrived first anyway.
 
-Definitions used in the results:
-
-* **bubble ratio** of a pipeline: ``1 - sum_r busy_r / (P * T)``, with ``busy_r`` the compute
-  time of rank r and ``T`` the time from the pipeline's start to its last compute; for Megatron
-  1F1B with equal stages and free communication it is exactly ``(P-1)/(m+P-1)``. The step's
-  bubble ratio is that of its slowest DP replica;
-* **MFU**: model FLOPs of the step (real tokens only, no padding, no recompute;
-  ``ModelShape`` formula) / (step time x devices x peak FLOP/s);
-* **peak memory** per pipeline rank: weights + gradients + optimizer states of its chunks plus
-  the peak of activation bytes alive (kept for backward, plus the transient bytes of the
-  compute in progress), maximum over DP replicas.
+The results and their definitions (bubble ratio, MFU, peak memory) are in
+:mod:`pipeweaver.semu.results`; the replay of the compiled per-rank programs in
+:mod:`pipeweaver.semu.replay`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.calibration import Calibration
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Placement,
-    Schedule,
-    ScheduleError,
-    consumers,
-    data_inputs,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.ir import Compute, Kind
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
-from pipeweaver.semu.costs import CostModel, StageCost
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.replay import COMPUTE, RECV, SEND, TransferGraph, replay
+from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache
-
-_C, _S, _R = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class Event:
-    """One interval on one rank's timeline."""
-
-    rank: int
-    """Pipeline rank."""
-
-    start: float
-    """Seconds from the step's start."""
-
-    end: float
-    """Seconds from the step's start."""
-
-    name: str
-    """Action string (``l0F3``) or what the interval is (``dp all-reduce``, ``optimizer``)."""
-
-    category: str
-    """``F``, ``B`` (compute), ``allreduce``, ``optimizer``, ``host``, ``a2a``."""
-
-    module: str = ""
-    """Module of a compute."""
-
-    microbatch: int = -1
-    """Microbatch of a compute."""
-
-
-@dataclass
-class PipelineResult:
-    """The simulated timeline of one pipeline (one DP replica)."""
-
-    makespan: float
-    """End of its last compute, from time 0."""
-
-    start: list[float]
-    """Per rank, when it could start (host work before the pipeline)."""
-
-    rank_end: list[float]
-    """Per rank, end of its last compute (its start when it has none)."""
-
-    busy: list[float]
-    """Per rank, compute seconds."""
-
-    peak_activation: list[float]
-    """Per rank, peak activation bytes alive (kept plus transient)."""
-
-    events: list[Event] = field(default_factory=list)
-    """Compute intervals (when recorded)."""
-
-    @property
-    def bubble_ratio(self) -> float:
-        """``1 - sum(busy) / (P * T)``, T from the earliest start to the last compute."""
-        span = self.makespan - min(self.start)
-        if span <= 0:
-            return 0.0
-        return 1.0 - sum(self.busy) / (len(self.busy) * span)
-
-
-@dataclass
-class StepResult:
-    """What SEMU predicts for one training step."""
-
-    step_time_s: float
-    """Seconds of the step."""
-
-    bubble_ratio: float
-    """Pipeline bubble of the slowest DP replica (module docstring)."""
-
-    mfu: float
-    """Model FLOPs utilisation."""
-
-    peak_memory_bytes: list[float]
-    """Per pipeline rank: static bytes plus peak activations (max over DP replicas)."""
-
-    peak_activation_bytes: list[float]
-    """Per pipeline rank: peak activation bytes (max over DP replicas)."""
-
-    static_bytes: list[dict[str, float]]
-    """Per pipeline rank: weights, gradients and optimizer bytes."""
-
-    busy_s: list[float]
-    """Per pipeline rank: compute seconds of the slowest replica."""
-
-    idle_s: list[float]
-    """Per pipeline rank: ``step_time_s - busy_s``."""
-
-    breakdown: dict[str, float]
-    """Critical-path parts: host, a2a, pipeline, allreduce, optimizer seconds."""
-
-    model_flops: float
-    """Model FLOPs of the step (all replicas)."""
-
-    num_devices: int
-    """Devices of the run (TP x PP x DP)."""
-
-    critical_replica: int
-    """Index of the DP replica with the longest pipeline."""
-
-    events: list[Event] = field(default_factory=list)
-    """Timeline of the critical replica, plus all-reduce and optimizer intervals."""
-
-    reuse: dict[str, Any] = field(default_factory=dict)
-    """Reuse-cache statistics at the end of the simulation."""
-
-    device_memory_bytes: float = 0.0
-    """Memory of one device, to compare ``peak_memory_bytes`` with."""
-
-    @property
-    def over_memory_ranks(self) -> list[int]:
-        """Pipeline ranks whose predicted peak exceeds the device memory."""
-        cap = self.device_memory_bytes
-        return [r for r, b in enumerate(self.peak_memory_bytes) if cap and b > cap]
-
-    def to_json(self, with_events: bool = False) -> dict[str, Any]:
-        """The result as a JSON object (the CLI's ``--json``)."""
-        out = {
-            "step_time_s": self.step_time_s,
-            "bubble_ratio": self.bubble_ratio,
-            "mfu": self.mfu,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "peak_activation_bytes": self.peak_activation_bytes,
-            "static_bytes": self.static_bytes,
-            "busy_s": self.busy_s,
-            "idle_s": self.idle_s,
-            "breakdown": self.breakdown,
-            "model_flops": self.model_flops,
-            "num_devices": self.num_devices,
-            "critical_replica": self.critical_replica,
-            "reuse": self.reuse,
-            "device_memory_bytes": self.device_memory_bytes,
-            "over_memory_ranks": self.over_memory_ranks,
-        }
-        if with_events:
-            out["events"] = [e.__dict__ for e in self.events]
-        return out
-
-
-class _Graph:
-    """The data flow of one (placement, structure) with integer ids, for the replay.
-
-    ``stage_id``: stage -> index; ``edges``: the cross-rank transfers ``(tensor, part)`` and
-    ``edge_id`` their index; ``remote``: stage -> (ids of the transfers it waits for, its
-    outgoing ``(edge id, dst rank)``).
-    """
-
-    def __init__(self, placement: Placement, structure):
-        self.stage_id: dict[Compute, int] = {}
-        self.edges: list[tuple[Compute, Any]] = []
-        self.edge_id: dict[tuple[Compute, Any], int] = {}
-        self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        all_stages = list(stages(placement, structure))
-        for a in all_stages:
-            self.stage_id[a] = len(self.stage_id)
-            r = placement.rank_of(a.module, a.chunk)
-            for consumer, part in consumers(a, placement, structure):
-                if placement.rank_of(consumer.module, consumer.chunk) != r:
-                    self.edge_id[(a, part)] = len(self.edges)
-                    self.edges.append((a, part))
-        for a in all_stages:
-            r = placement.rank_of(a.module, a.chunk)
-            waits = tuple(
-                self.edge_id[(p, part)]
-                for p, part in data_inputs(a, placement, structure)
-                if placement.rank_of(p.module, p.chunk) != r
-            )
-            sends = tuple(
-                (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
-                for c, part in consumers(a, placement, structure)
-                if placement.rank_of(c.module, c.chunk) != r
-            )
-            self.remote[a] = (waits, sends)
+from pipeweaver.semu.timing import ComputeCost, TimeModel
 
 
 class Semu:
@@ -234,8 +47,8 @@ class Semu:
         cache: a reuse cache to share (several instances, rollouts, iterations); default a
             fresh one.
         reuse: False disables every cache (for comparisons; results are identical).
-        stage_cost_fn: ``(placement, compute, microbatch) -> StageCost`` replacing the cost
-            model for stages (measured tables of a searcher, analytic test cases).
+        compute_cost_fn: ``(placement, compute, microbatch) -> ComputeCost`` replacing the time
+            model for computes (measured tables, analytic test cases).
     """
 
     def __init__(
@@ -245,35 +58,32 @@ class Semu:
         calibration: Calibration | None = None,
         cache: ReuseCache | None = None,
         reuse: bool = True,
-        stage_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], StageCost] | None = None,
+        compute_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], ComputeCost] | None = None,
     ):
         self.spec = spec
         self.cluster = cluster
-        self.cost = CostModel(spec, cluster, calibration)
+        self.cost = TimeModel(spec, cluster, calibration)
         self.reuse = reuse
         self.cache = (cache if cache is not None else ReuseCache()) if reuse else None
         self.tp = spec.parallel.tensor
         self.pp = spec.parallel.pipeline
         self.dp = spec.parallel.data(cluster.num_devices)
-        self.stage_cost_fn = stage_cost_fn
+        self.compute_cost_fn = compute_cost_fn
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
         self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
-        self._fp = (self.cost.fingerprint(), stage_cost_fn)
+        self._fp = (self.cost.fingerprint(), compute_cost_fn)
 
-    # ---------------------------------------------------------------- stage costs
+    # ---------------------------------------------------------------- compute costs
 
-    def stage_cost(self, placement: Placement, a: Compute, mb: MicrobatchMeta) -> StageCost:
-        """Cost of one stage of one microbatch (through the subgraph cache)."""
-        if self.stage_cost_fn is not None:
-            return self.stage_cost_fn(placement, a, mb)
+    def compute_cost(self, placement: Placement, a: Compute, mb: MicrobatchMeta) -> ComputeCost:
+        """Cost of one compute of one microbatch (through the subgraph cache)."""
+        if self.compute_cost_fn is not None:
+            return self.compute_cost_fn(placement, a, mb)
         start, stop = placement.layer_range(a.module, a.chunk)
-        if a.module == "llm":
-            lens, rows = mb.llm_seq_lens, 0
-        else:
-            sub = mb.encoders[a.module][a.sub]
-            lens = sub.units
-            rows = sub.rows if stop == placement.num_layers(a.module) else 0
+        lens, rows = mb.compute_sequences(a.module, a.sub)
+        if stop != placement.num_layers(a.module):
+            rows = 0  # only an encoder's last chunk projects rows
         n_layers = self.spec.shape.module(a.module).num_layers
         key = (
             self._fp,
@@ -287,12 +97,14 @@ class Semu:
             rows,
         )
 
-        def compute() -> StageCost:
-            return self.cost.stage(a.module, start, stop, a.kind.value, a.memory.value, lens, rows)
+        def cost() -> ComputeCost:
+            return self.cost.compute_cost(
+                a.module, start, stop, a.kind.value, a.memory.value, lens, rows
+            )
 
         if self.cache is None:
-            return compute()
-        return self.cache.get("subgraph", key, compute)
+            return cost()
+        return self.cache.get("subgraph", key, cost)
 
     def edge_bytes(self, placement: Placement, tensor: Compute, part, mb: MicrobatchMeta) -> float:
         """Bytes of one transfer: a chunk's output activation or input gradient."""
@@ -331,7 +143,7 @@ class Semu:
             microbatches: one :class:`MicrobatchMeta` per microbatch of the schedule.
             start: per rank, when it can start (default 0).
             replica: DP index of this pipeline (decides which links are in a node).
-            record_events: keep the compute intervals (off for search rollouts).
+            record_events: keep the compute intervals (off when only the figures matter).
 
         Raises:
             ScheduleError: the order deadlocks (no rank can progress).
@@ -368,18 +180,18 @@ class Semu:
 
     def _microbatch_table(self, placement: Placement, mb_index: int, mb: MicrobatchMeta) -> dict:
         """The microbatch level: one dict per (placement, microbatch), filled lazily with
-        ``Compute -> StageCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
+        ``Compute -> ComputeCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
         if self.cache is None:
             return {}
         key = (self._fp, placement.key(), mb_index, mb)
         return self.cache.get("microbatch", key, dict)
 
-    def _graph(self, placement: Placement, structure) -> "_Graph":
+    def _graph(self, placement: Placement, structure: MicrobatchStructure) -> TransferGraph:
         """The data flow of one (placement, structure), with integer ids (cached)."""
         if self.cache is None:
-            return _Graph(placement, structure)
+            return TransferGraph(placement, structure)
         return self.cache.get(
-            "graph", (placement.key(), structure.key()), lambda: _Graph(placement, structure)
+            "graph", (placement.key(), structure.key()), lambda: TransferGraph(placement, structure)
         )
 
     def _simulate(
@@ -410,7 +222,7 @@ class Semu:
             return v
 
         def compile_compute(a: Compute, r: int) -> tuple:
-            c = self.stage_cost(placement, a, microbatches[a.microbatch])
+            c = self.compute_cost(placement, a, microbatches[a.microbatch])
             waits: tuple = ()
             sends: tuple = ()
             key = a.key
@@ -421,12 +233,21 @@ class Semu:
                     for e, dst in remote
                 )
             forward = a.kind is Kind.F
-            pair = graph.stage_id[key if forward else key.partner()]
-            return (_C, a, c.time_s, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
+            pair = graph.compute_id[key if forward else key.partner()]
+            return (
+                COMPUTE,
+                a,
+                c.time_s,
+                c.kept_bytes,
+                c.transient_bytes,
+                forward,
+                pair,
+                waits,
+                sends,
+            )
 
-        # Per rank: op tuples. Compute: (_C, action, time, kept, transient, is_forward, F key,
-        # waits, sends); send: (_S, edge, link, occupancy, latency); receive: (_R, edge).
-        # Compiled compute ops are cached per microbatch, rank and mode.
+        # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
+        # microbatch, rank and mode.
         programs: list[list[tuple]] = []
         for r in range(n):
             ops = []
@@ -442,113 +263,12 @@ class Semu:
                     append(op)
                 elif a.is_send:
                     occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append((_S, edge_id[a.edge], (r, a.peer), occ, lat))
+                    append((SEND, edge_id[a.edge], (r, a.peer), occ, lat))
                 else:
-                    append((_R, edge_id[a.edge]))
+                    append((RECV, edge_id[a.edge]))
             programs.append(ops)
 
-        # Event-driven replay: a rank runs until it needs a tensor that has not been sent yet,
-        # then parks on that tensor; sending it wakes the rank up.
-        t = list(start)
-        pos = [0] * n
-        busy = [0.0] * n
-        alive = [0.0] * n
-        peak = [0.0] * n
-        last_end = list(start)
-        kept = [0.0] * len(graph.stage_id)
-        arrivals: list = [None] * len(graph.edges)
-        parked: dict = {}
-        link_free: dict[tuple[int, int], float] = {}
-        events: list[Event] = []
-        ready = list(range(n - 1, -1, -1))
-        while ready:
-            r = ready.pop()
-            ops = programs[r]
-            i = pos[r]
-            tr = t[r]
-            size = len(ops)
-            while i < size:
-                op = ops[i]
-                code = op[0]
-                if code == _C:
-                    _, a, dur, keep, transient, forward, pair, waits, sends = op
-                    begin = tr
-                    blocked = None
-                    for e in waits:
-                        at = arrivals[e]
-                        if at is None:
-                            blocked = e
-                            break
-                        if at > begin:
-                            begin = at
-                    if blocked is not None:
-                        parked[blocked] = r
-                        break
-                    end = begin + dur
-                    busy[r] += dur
-                    if forward:
-                        kept[pair] = keep
-                        alive[r] += keep
-                        level = alive[r] + transient
-                    else:
-                        level = alive[r] + transient
-                        alive[r] -= kept[pair]
-                        kept[pair] = 0.0
-                    if level > peak[r]:
-                        peak[r] = level
-                    for edge, lk, occ, lat in sends:
-                        s0 = link_free.get(lk, 0.0)
-                        if end > s0:
-                            s0 = end
-                        link_free[lk] = s0 + occ
-                        arrivals[edge] = s0 + occ + lat
-                        w = parked.pop(edge, None)
-                        if w is not None:
-                            ready.append(w)
-                    if record:
-                        events.append(
-                            Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch)
-                        )
-                    tr = end
-                    last_end[r] = end
-                elif code == _S:
-                    _, edge, lk, occ, lat = op
-                    s0 = link_free.get(lk, 0.0)
-                    if tr > s0:
-                        s0 = tr
-                    link_free[lk] = s0 + occ
-                    arrivals[edge] = s0 + occ + lat
-                    w = parked.pop(edge, None)
-                    if w is not None:
-                        ready.append(w)
-                else:
-                    at = arrivals[op[1]]
-                    if at is None:
-                        parked[op[1]] = r
-                        break
-                    if at > tr:
-                        tr = at
-                i += 1
-            pos[r] = i
-            t[r] = tr
-        if any(pos[r] < len(programs[r]) for r in range(n)):
-            r0 = next(r for r in range(n) if pos[r] < len(programs[r]))
-            op = programs[r0][pos[r0]]
-            raise ScheduleError(
-                "the simulation cannot progress: every unfinished rank waits for a tensor "
-                "no rank will send (run pipeweaver.checker.check first)",
-                r0,
-                pos[r0],
-                op[1] if op[0] == _C else schedule.actions[r0][pos[r0]],
-            )
-        return PipelineResult(
-            makespan=max(last_end),
-            start=list(start),
-            rank_end=last_end,
-            busy=busy,
-            peak_activation=peak,
-            events=events,
-        )
+        return replay(programs, schedule.actions, graph, start, record)
 
     # ---------------------------------------------------------------- one step
 
@@ -567,11 +287,11 @@ class Semu:
     def activation_bytes(
         self, placement: Placement, microbatches: Sequence[MicrobatchMeta]
     ) -> Callable[[Compute], int]:
-        """Bytes a stage keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
+        """Bytes an F/B pair keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
         memory cap (with :meth:`static_bytes` as its ``static_bytes``)."""
 
         def kept(a: Compute) -> int:
-            return int(self.stage_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
+            return int(self.compute_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
 
         return kept
 
@@ -601,7 +321,7 @@ class Semu:
         microbatches: Sequence[Sequence[MicrobatchMeta]],
         balancer_bytes: Mapping[str, Any] | None = None,
         record_events: bool = True,
-    ) -> StepResult:
+    ) -> StepPrediction:
         """Simulate one step: every DP replica's pipeline, the gradient reduction, the optimizer.
 
         Args:
@@ -687,7 +407,7 @@ class Semu:
         statics = [s["weights"] + s["gradients"] + s["optimizer"] for s in static]
         r_last = max(range(self.pp), key=lambda r: finish[r])
         ready_last = max(res.rank_end[r_last] for res in results)
-        return StepResult(
+        return StepPrediction(
             step_time_s=step,
             bubble_ratio=crit_res.bubble_ratio,
             mfu=flops / (step * devices * self.cost.peak_flops) if step > 0 else 0.0,

@@ -3,7 +3,8 @@
 
 The trace is Chrome's Trace Event Format (a JSON object with ``traceEvents``; complete events
 ``"ph": "X"`` with microsecond ``ts``/``dur``; one process per pipeline rank), which
-``chrome://tracing`` and ``ui.perfetto.dev`` open.
+``chrome://tracing`` and ``ui.perfetto.dev`` open. The PNG needs matplotlib, an optional
+dependency (``pip install 'orchweave[plots]'``); everything else works without it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import json
 import os
 from typing import Any, Sequence
 
-from pipeweaver.semu.simulator import Event, StepResult
+from pipeweaver.ir import MODULE_INDEX
+from pipeweaver.semu.results import Event, StepPrediction
 
 MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
 """Base colour of each module; forwards are drawn lighter, backwards darker."""
@@ -38,7 +40,7 @@ def event_color(e: Event) -> str:
     return OTHER_COLORS.get(e.category, "#bcbd22")
 
 
-def chrome_trace(result: StepResult, name: str = "semu") -> dict[str, Any]:
+def chrome_trace(result: StepPrediction, name: str = "semu") -> dict[str, Any]:
     """The step's timeline as a Chrome trace object."""
     events: list[dict[str, Any]] = []
     ranks = sorted({e.rank for e in result.events})
@@ -80,21 +82,41 @@ def chrome_trace(result: StepResult, name: str = "semu") -> dict[str, Any]:
     }
 
 
-def write_chrome_trace(result: StepResult, path: str | os.PathLike, name: str = "semu") -> None:
+def write_chrome_trace(result: StepPrediction, path: str | os.PathLike, name: str = "semu") -> None:
     """Write :func:`chrome_trace` as JSON."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump(chrome_trace(result, name), f)
 
 
-def write_png(
-    result: StepResult, path: str | os.PathLike, title: str = "", max_ranks: int = 64
-) -> None:
-    """Draw the timeline: one row per pipeline rank, coloured by module and by F/B."""
-    import matplotlib
+def _pyplot():
+    """matplotlib's ``pyplot`` and ``Patch``, drawing to files only (the Agg backend).
 
+    Raises:
+        ImportError: matplotlib is not installed; the message says how to install it.
+    """
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(
+            "drawing a PNG timeline needs matplotlib, an optional dependency of OrchWeave: "
+            "pip install 'orchweave[plots]'"
+        ) from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    return plt, Patch
+
+
+def write_png(
+    result: StepPrediction, path: str | os.PathLike, title: str = "", max_ranks: int = 64
+) -> None:
+    """Draw the timeline: one row per pipeline rank, coloured by module and by F/B.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'orchweave[plots]'``).
+    """
+    plt, Patch = _pyplot()
 
     ranks = sorted({e.rank for e in result.events})[:max_ranks]
     fig_h = 1.6 + 0.5 * len(ranks)
@@ -114,7 +136,7 @@ def write_png(
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_xlim(0, result.step_time_s * 1e3 * 1.01)
-    modules = sorted({e.module for e in result.events if e.module}, key=list(MODULE_COLORS).index)
+    modules = sorted({e.module for e in result.events if e.module}, key=MODULE_INDEX.__getitem__)
     handles = []
     for m in modules:
         handles.append(Patch(color=_shade(MODULE_COLORS[m], 1.45), label=f"{m} F"))
@@ -140,7 +162,7 @@ def _bytes(x: float) -> str:
     return f"{x:.1f} TiB"
 
 
-def summary(result: StepResult, header: Sequence[str] = ()) -> str:
+def summary(result: StepPrediction, header: Sequence[str] = ()) -> str:
     """A readable report of one simulated step."""
     lines = list(header)
     lines.append(

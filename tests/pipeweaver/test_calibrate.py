@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from orchestration.calibration import Calibration
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
-from pipeweaver.ir import Placement
-from pipeweaver.schedules import generate
+from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from pipeweaver.generators import generate
+from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import step_microbatches, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
-from pipeweaver.semu.model import ModelCosts, flags_to_argv, load_model_config, model_from_flags
+from pipeweaver.semu.model import flags_to_argv, load_model_config, model_from_flags
 from pipeweaver.semu.simulator import Semu
+from pipeweaver.semu.work import ModelCosts
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_CONFIG = REPO / "scripts" / "configs" / "cpu-main.json"
@@ -29,11 +30,10 @@ _EXTENSIONS = {"embedding_params": 0, "add_bias_linear": True, "normalization": 
 
 def _trainer_shape(flags: dict, world_size: int):
     from megatron.mllm.arguments import parse_arguments
-    from megatron.mllm.config import mllm_config
-    from megatron.mllm.run_config import RunConfig
+    from megatron.mllm.config import mllm_config_from_args
 
     argv = flags_to_argv(flags) + ["--train-iters", "1", "--lr", "1e-3"]
-    return mllm_config(RunConfig.from_args(parse_arguments(argv, world_size))).shape()
+    return mllm_config_from_args(parse_arguments(argv, world_size)).shape()
 
 
 @pytest.mark.parametrize(

@@ -8,24 +8,18 @@ import itertools
 import pytest
 
 from pipeweaver.checker import check
-from pipeweaver.ir import (
-    Comm,
-    Compute,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    stages,
-)
-from pipeweaver.lowering import lower
-from pipeweaver.schedules import (
+from pipeweaver.dataflow import MicrobatchStructure, all_computes
+from pipeweaver.generators import (
     dataflow,
     interleaved_one_f_one_b,
     megatron_schedule_table,
     no_pipelining,
     one_f_one_b,
 )
+from pipeweaver.ir import Comm, Compute, Memory, ScheduleError
+from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 LAYERS = {"vision": 4, "audio": 2, "llm": 8}
 
@@ -43,16 +37,16 @@ def _structure(m: int, with_subs: bool) -> MicrobatchStructure:
     )
 
 
-def _all_stages_once(s: Schedule) -> None:
+def _all_computes_once(s: Schedule) -> None:
     ran = sorted(a.key for rank in s.actions for a in rank if isinstance(a, Compute))
-    assert ran == sorted(stages(s.placement, s.structure))
+    assert ran == sorted(all_computes(s.placement, s.structure))
 
 
 @pytest.mark.parametrize("p,m,subs", itertools.product([1, 2, 3, 4], [1, 2, 5, 8], [False, True]))
 def test_1f1b_passes(p, m, subs):
     s = one_f_one_b(Placement.baseline(p, LAYERS), _structure(m, subs))
     check(s)
-    _all_stages_once(s)
+    _all_computes_once(s)
     if p == 1:
         check(no_pipelining(Placement.baseline(1, LAYERS), _structure(m, subs)))
 
@@ -69,7 +63,7 @@ def test_interleaved_passes(p, k, m, subs):
         return
     s = interleaved_one_f_one_b(pl, _structure(m, subs))
     check(s)
-    _all_stages_once(s)
+    _all_computes_once(s)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +74,7 @@ def test_dataflow_any_placement_passes(p, m, k, subs):
     pl = Placement.interleaved(p, layers, {"vision": k, "llm": k})
     s = dataflow(pl, _structure(m, subs), memory=Memory.RECOMPUTE)
     check(s)
-    _all_stages_once(s)
+    _all_computes_once(s)
 
 
 def test_megatron_schedule_table_matches_its_docstring_example():

@@ -9,8 +9,10 @@ from collections import Counter
 import pytest
 
 from pipeweaver.checker import check
+from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.fuzz import MUTATIONS, random_invalid_schedule, random_valid_schedule
-from pipeweaver.ir import MicrobatchStructure, Placement, ScheduleError
+from pipeweaver.ir import ScheduleError
+from pipeweaver.placement import Placement
 
 
 def _instance(rng: random.Random):

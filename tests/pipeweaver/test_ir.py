@@ -7,24 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeweaver.ir import (
-    ChunkPlacement,
-    Comm,
-    CommOp,
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    consumers,
-    dependencies,
-    parse,
-    parse_actions,
-    split_layers,
-)
-from pipeweaver.schedules import one_f_one_b
+from pipeweaver.dataflow import MicrobatchStructure, consumers, dependencies
+from pipeweaver.generators import one_f_one_b
+from pipeweaver.ir import Comm, CommOp, Compute, Kind, Memory, ScheduleError, parse, parse_actions
+from pipeweaver.placement import ChunkPlacement, Placement, split_layers
+from pipeweaver.schedule import Schedule
 
 computes = st.builds(
     lambda module, chunk, kind, mb, sub, mem: Compute(

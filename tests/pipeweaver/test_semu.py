@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -13,14 +14,16 @@ from hypothesis import strategies as st
 from orchestration.calibration import Calibration, LayerTimeModel
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.checker import check
-from pipeweaver.ir import Kind, MicrobatchStructure, Placement
-from pipeweaver.schedules import dataflow, generate, interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.generators import dataflow, generate, interleaved_one_f_one_b, one_f_one_b
+from pipeweaver.ir import Kind
+from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, step_microbatches, structure_of
-from pipeweaver.semu.costs import StageCost
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import model_from_flags
 from pipeweaver.semu.reuse import ReuseCache
 from pipeweaver.semu.simulator import Semu
+from pipeweaver.semu.timing import ComputeCost
 from pipeweaver.semu.trace import chrome_trace, summary, write_png
 
 CPU_FLAGS = {
@@ -68,16 +71,16 @@ def test_1f1b_uniform_bubble_closed_form(p, m, f, b):
     )
 
     def const(_placement, a, _mb):
-        return StageCost(f if a.kind is Kind.F else b, 0.0, 0.0)
+        return ComputeCost(f if a.kind is Kind.F else b, 0.0, 0.0)
 
-    semu = Semu(spec, _cluster(p, free_comm=True), stage_cost_fn=const)
+    semu = Semu(spec, _cluster(p, free_comm=True), compute_cost_fn=const)
     pl = Placement.baseline(p, spec.layers())
     s = one_f_one_b(pl, MicrobatchStructure(m))
     res = semu.simulate_pipeline(s, _uniform_mbs(m))
     assert res.makespan == pytest.approx((m + p - 1) * (f + b), rel=1e-12)
     assert res.bubble_ratio == pytest.approx((p - 1) / (m + p - 1), rel=1e-12, abs=1e-15)
     # The compute-only order simulates to the same timeline as the lowered one.
-    res2 = Semu(spec, _cluster(p, free_comm=True), stage_cost_fn=const).simulate_pipeline(
+    res2 = Semu(spec, _cluster(p, free_comm=True), compute_cost_fn=const).simulate_pipeline(
         s.compute_only(), _uniform_mbs(m)
     )
     assert res2.makespan == res.makespan and res2.rank_end == res.rank_end
@@ -95,7 +98,9 @@ def test_no_cross_rank_dependencies_take_the_max_of_per_rank_sums():
     res = semu.simulate_step(scheds, mbs)
     sums = []
     for sched, x in zip(scheds, mbs):
-        sums.append(sum(semu.stage_cost(pl, a, x[a.microbatch]).time_s for a in sched.computes(0)))
+        sums.append(
+            sum(semu.compute_cost(pl, a, x[a.microbatch]).time_s for a in sched.computes(0))
+        )
     assert res.breakdown["pipeline"] == pytest.approx(max(sums), rel=1e-12)
     assert res.critical_replica == max(range(3), key=sums.__getitem__)
     assert res.bubble_ratio == pytest.approx(0.0, abs=1e-12)
@@ -246,6 +251,15 @@ def test_chrome_trace_and_png(tmp_path):
     assert "step time" in summary(res)
 
 
+def test_png_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
+    spec, cluster, scheds, mbs = _omni_step(2, 1, "1f1b")
+    res = Semu(spec, cluster).simulate_step(scheds, mbs)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'orchweave\[plots\]'"):
+        write_png(res, tmp_path / "t.png")
+    assert not (tmp_path / "t.png").exists()
+
+
 def test_reuse_across_replicas_with_shared_microbatches():
     """Equal microbatches inside different step structures (regression: graph ids)."""
     spec = model_from_flags({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
@@ -264,8 +278,8 @@ def test_reuse_across_replicas_with_shared_microbatches():
             assert got == plain
 
 
-def test_comm_and_stage_cost_formulas():
-    from pipeweaver.semu.costs import CommModel, CostModel
+def test_comm_and_compute_cost_formulas():
+    from pipeweaver.semu.timing import CommModel, TimeModel
 
     cl = _cluster(16)
     comm = CommModel(cl)
@@ -287,25 +301,25 @@ def test_comm_and_stage_cost_formulas():
     assert comm.all_to_all(across) == pytest.approx(8e6 / bw_out + dev.inter_node_latency_s)
     # Stage costs: roofline, TP collectives, recompute, offload.
     spec = model_from_flags({**CPU_FLAGS, "bf16": True})
-    cm = CostModel(spec, cl)
-    f = cm.stage("llm", 1, 3, "F", "none", [200, 56])
-    b = cm.stage("llm", 1, 3, "B", "none", [200, 56])
-    br = cm.stage("llm", 1, 3, "B", "recompute", [200, 56])
-    fr = cm.stage("llm", 1, 3, "F", "recompute", [200, 56])
+    cm = TimeModel(spec, cl)
+    f = cm.compute_cost("llm", 1, 3, "F", "none", [200, 56])
+    b = cm.compute_cost("llm", 1, 3, "B", "none", [200, 56])
+    br = cm.compute_cost("llm", 1, 3, "B", "recompute", [200, 56])
+    fr = cm.compute_cost("llm", 1, 3, "F", "recompute", [200, 56])
     assert br.time_s == pytest.approx(b.time_s + f.time_s)
     assert fr.kept_bytes < f.kept_bytes and br.transient_bytes == pytest.approx(f.kept_bytes)
-    off = cm.stage("llm", 1, 3, "F", "offload", [200, 56])
+    off = cm.compute_cost("llm", 1, 3, "F", "offload", [200, 56])
     assert off.time_s > f.time_s and off.kept_bytes < f.kept_bytes
-    w = cm.costs.stage_work("llm", 1, 3, "F", "none", [200, 56])
+    w = cm.costs.compute_work("llm", 1, 3, "F", "none", [200, 56])
     expected = max(w.linear_flops / cm.flops_rate, w.linear_bytes / cm.memory_rate) + max(
         w.attention_flops / cm.attention_rate, w.attention_bytes / cm.memory_rate
     )
     assert f.time_s == pytest.approx(expected)
-    tp2 = CostModel(
+    tp2 = TimeModel(
         model_from_flags({**CPU_FLAGS, "bf16": True, "tensor-model-parallel-size": 2}), cl
     )
-    f2 = tp2.stage("llm", 1, 3, "F", "none", [200, 56])
-    w2 = tp2.costs.stage_work("llm", 1, 3, "F", "none", [200, 56])
+    f2 = tp2.compute_cost("llm", 1, 3, "F", "none", [200, 56])
+    w2 = tp2.costs.compute_work("llm", 1, 3, "F", "none", [200, 56])
     assert w2.tp_collectives == 4 and w2.linear_flops == pytest.approx(w.linear_flops / 2)
     assert f2.time_s > 0
 

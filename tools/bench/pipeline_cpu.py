@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from types import SimpleNamespace
 
 from cpu_runs import REPO, run_main_job, summarize
 
 from orchestration.calibration import Calibration
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import load_model_config
+from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
 RUNS = {
@@ -41,12 +41,8 @@ RUNS = {
 def semu_step_times(
     schedule: str, pad: str, iterations: range, calibration: str, workload: str
 ) -> float:
-    """Summed SEMU step time of the iterations, for one schedule of the PP=2 main job."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "tools"))
-    from semu import build_step  # tools/semu.py: the same microbatches the trainer runs
-
+    """Summed SEMU step time of the iterations, for one schedule of the PP=2 main job (the
+    microbatches the trainer runs, as tools/semu.py builds them)."""
     spec = load_model_config(
         REPO / "scripts" / "configs" / "cpu-main.json",
         {"pipeline-model-parallel-size": 2, "workload": workload},
@@ -56,12 +52,9 @@ def semu_step_times(
     semu = Semu(spec, cluster, Calibration.load(calibration))
     total = 0.0
     for it in iterations:
-        args = SimpleNamespace(
-            workload=None, seed=None, token_scale=None, iteration=it, pad=pad, replicas=None,
-            encoder_sub_microbatch_tokens=None, schedule=schedule, placement=None, chunks_per_rank=None,
-            memory=None, no_check=False,
-        )  # fmt: skip
-        schedules, mbs, _ = build_step(args, spec, cluster)
+        schedules, mbs, _ = build_step(
+            spec, cluster, schedule=schedule, pad=pad == "megatron", iteration=it
+        )
         total += semu.simulate_step(schedules, mbs).step_time_s
     return total
 

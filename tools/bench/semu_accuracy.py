@@ -52,8 +52,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestration.calibration import Calibration  # noqa: E402
-from pipeweaver.ir import Placement  # noqa: E402
-from pipeweaver.schedules import generate  # noqa: E402
+from pipeweaver.generators import generate  # noqa: E402
+from pipeweaver.placement import Placement  # noqa: E402
 from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, structure_of  # noqa: E402
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec  # noqa: E402
 from pipeweaver.semu.model import ModelSpec, flags_to_argv, load_model_config  # noqa: E402

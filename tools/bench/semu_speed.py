@@ -34,9 +34,10 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec  # noqa: E402
-from pipeweaver.ir import Kind, Placement  # noqa: E402
-from pipeweaver.schedules import dataflow, one_f_one_b  # noqa: E402
+from orchestration.workload import WorkloadGenerator, WorkloadSpec  # noqa: E402
+from pipeweaver.generators import dataflow, one_f_one_b  # noqa: E402
+from pipeweaver.ir import Kind  # noqa: E402
+from pipeweaver.placement import Placement  # noqa: E402
 from pipeweaver.semu.batches import step_microbatches, structure_of  # noqa: E402
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec  # noqa: E402
 from pipeweaver.semu.model import load_model_config  # noqa: E402

@@ -1,16 +1,15 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Time of every stage and collective on a cluster.
+"""Time of every compute and collective on a cluster.
 
 Compute: each op (a chunk's linear work, its attention, its input layer or head) takes
 
     max(FLOPs / (peak x efficiency), bytes / (memory bandwidth x memory efficiency))
 
-(DIP's analytical model, pipeweaver.md section 4.1), plus the chunk's tensor-parallel
-collectives, which Megatron does not overlap. A :class:`~orchestration.calibration.Calibration`
-replaces this with measured per-layer times for the modules it covers: then a layer over packed
-sequences of lengths n_i takes ``const + per_sequence * (k - 1) + linear * sum(n_i) +
-quadratic * sum(n_i**2)`` (forward; backward = ``backward_ratio`` x forward), plus the measured
-input layer and head per token.
+(DIP's analytical model), plus the chunk's tensor-parallel collectives, which Megatron does not
+overlap. A :class:`~orchestration.calibration.Calibration` replaces this with measured per-layer
+times for the modules it covers: then a layer over packed sequences of lengths n_i takes ``const +
+per_sequence * (k - 1) + linear * sum(n_i) + quadratic * sum(n_i**2)`` (forward; backward =
+``backward_ratio`` x forward), plus the measured input layer and head per token.
 
 Communication (per device, bytes per direction):
 
@@ -21,7 +20,7 @@ Communication (per device, bytes per direction):
   sets the time, with the share that stays in its node on NVLink and the rest on its NIC.
 
 A group that spans nodes runs at the network bandwidth (rail-optimised fabrics give each GPU its
-own NIC, peers.md 4.1).
+own NIC).
 """
 
 from __future__ import annotations
@@ -33,12 +32,13 @@ from typing import Sequence
 
 from orchestration.calibration import Calibration, LayerTimeModel
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import ModelCosts, ModelSpec, StageWork
+from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.work import ComputeWork, ModelCosts
 
 
 @dataclass(frozen=True)
-class StageCost:
-    """Time and memory of one stage on one device."""
+class ComputeCost:
+    """Time and memory of one compute on one device."""
 
     time_s: float
     """Duration of the compute, TP collectives included."""
@@ -154,8 +154,8 @@ class CommModel:
         return (n - 1) * lat + (n - 1) / n * bytes_per_device / bw
 
 
-class CostModel:
-    """Stage times and memory for one model on one cluster.
+class TimeModel:
+    """Compute and collective times, and compute memory, for one model on one cluster.
 
     Args:
         spec: the model and its parallel layout.
@@ -215,7 +215,7 @@ class CostModel:
     def _op(self, flops: float, nbytes: float, rate: float) -> float:
         return max(flops / rate if flops else 0.0, nbytes / self.memory_rate if nbytes else 0.0)
 
-    def stage(
+    def compute_cost(
         self,
         module: str,
         start: int,
@@ -224,19 +224,19 @@ class CostModel:
         memory: str,
         seq_lens: Sequence[int],
         out_rows: int = 0,
-    ) -> StageCost:
+    ) -> ComputeCost:
         """Time and memory of the F or B of chunk ``[start, stop)`` of ``module``.
 
         Args:
             seq_lens: independent sequences (encoder units; LLM samples and padding runs).
             out_rows: LLM rows an encoder's last chunk produces.
         """
-        work = self.costs.stage_work(module, start, stop, kind, memory, seq_lens, out_rows)
+        work = self.costs.compute_work(module, start, stop, kind, memory, seq_lens, out_rows)
         table = self._tables.get(module)
         if table is not None:
-            time = self._calibrated_time(
-                table, module, start, stop, kind, memory, seq_lens, out_rows
-            )
+            fwd, bwd = self._calibrated_passes(table, module, start, stop, seq_lens, out_rows)
+            # A recomputing backward reruns the forward first.
+            time = fwd if kind == "F" else (bwd + fwd if memory == "recompute" else bwd)
             kept, transient = self._calibrated_memory(
                 table, module, start, stop, memory, seq_lens, work, out_rows
             )
@@ -254,25 +254,25 @@ class CostModel:
             )
         if work.offload_bytes:
             time += work.offload_bytes / self.cluster.device.host_bandwidth
+        # Host overhead of every compute (the calibration's ``stage_s``: per F or B of a chunk).
         time += self.host.get("stage_s", 0.0)
         # The schedule's glue around each forward_step / backward_step call (loss function,
         # loss scaling, the backward's entry), measured per call by tools/calibrate.py.
         time += self.host.get("forward_step_s" if kind == "F" else "backward_step_s", 0.0)
         if kind == "B" and memory == "recompute":
             time += self.host.get("forward_step_s", 0.0)
-        return StageCost(time * self.slowdown, kept, transient)
+        return ComputeCost(time * self.slowdown, kept, transient)
 
-    def _calibrated_time(
+    def _calibrated_passes(
         self,
         t: LayerTimeModel,
         module: str,
         start: int,
         stop: int,
-        kind: str,
-        memory: str,
         seq_lens: Sequence[int],
-        out_rows: int = 0,
-    ) -> float:
+        out_rows: int,
+    ) -> tuple[float, float]:
+        """Measured seconds of the chunk's forward and of its backward (without recompute)."""
         shape = self.spec.shape.module(module)
         tokens = sum(seq_lens)
         layers = stop - start
@@ -312,9 +312,7 @@ class CostModel:
         # A measured table is for TP = 1 on its device; TP divides the work evenly.
         fwd /= self.spec.parallel.tensor
         bwd /= self.spec.parallel.tensor
-        if kind == "F":
-            return fwd
-        return bwd + fwd if memory == "recompute" else bwd
+        return fwd, bwd
 
     def _calibrated_memory(
         self,
@@ -324,7 +322,7 @@ class CostModel:
         stop: int,
         memory: str,
         seq_lens: Sequence[int],
-        work: StageWork,
+        work: ComputeWork,
         out_rows: int = 0,
     ) -> tuple[float, float]:
         if t.act_bytes_per_token is None:

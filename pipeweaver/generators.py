@@ -10,8 +10,7 @@
 * :func:`no_pipelining`: one rank; each microbatch's forward then its backward
   (``forward_backward_no_pipelining``);
 * :func:`dataflow`: any placement (encoders interleaved over all ranks included), a greedy
-  unit-time list schedule, valid by construction; a reference order for tests and the runtime,
-  not the searcher.
+  unit-time list schedule, valid by construction; a reference order for tests and the runtime.
 
 The first three use the "encoders on stage 0" placement of upstream Megatron: every encoder
 chunk sits on the rank of LLM chunk 0, and runs as part of that rank's forward of the
@@ -26,18 +25,11 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Mapping
 
-from pipeweaver.ir import (
-    Compute,
-    Kind,
-    Memory,
-    MicrobatchStructure,
-    Placement,
-    Schedule,
-    ScheduleError,
-    dependency_graph,
-    stages,
-)
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, dependency_graph
+from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
 
 
 def _stage0_forward(
@@ -134,7 +126,7 @@ def interleaved_one_f_one_b(
     Args:
         placement: LLM chunk j on rank j mod P (``Placement.baseline(P, layers, K)``).
         structure: microbatches and subs; at least ``group_size`` microbatches.
-        memory: memory strategy of every stage.
+        memory: memory strategy of every compute.
         group_size: microbatches per group (``microbatch_group_size_per_vp_stage``); default P.
 
     Raises:
@@ -214,34 +206,34 @@ def dataflow(
 ) -> Schedule:
     """A greedy list schedule for any placement, valid by construction.
 
-    Every stage takes one time unit; at each step, each rank runs its highest-priority ready
-    stage. The default priority runs backwards first (they free memory), then the lowest
+    Every compute takes one time unit; at each step, each rank runs its highest-priority ready
+    compute. The default priority runs backwards first (they free memory), then the lowest
     microbatch, encoders before the LLM.
 
     Args:
         placement: any placement.
         structure: microbatches and subs.
-        memory: memory strategy of every stage.
-        priority: key of a stage; lower runs first.
+        memory: memory strategy of every compute.
+        priority: key of a compute; lower runs first.
     """
     order_key = priority or (
         lambda a: (
             0 if a.kind is Kind.B else 1,
             a.microbatch,
-            _MODULE_RANK[a.module],
+            MODULE_INDEX[a.module],
             a.sub,
             a.chunk,
         )
     )
-    all_stages = list(stages(placement, structure))
-    missing, dependents = dependency_graph(all_stages, placement, structure)
+    computes = list(all_computes(placement, structure))
+    missing, dependents = dependency_graph(computes, placement, structure)
     ready: list[list] = [[] for _ in range(placement.num_ranks)]
-    for a in all_stages:
+    for a in computes:
         if missing[a] == 0:
             heapq.heappush(ready[placement.rank_of(a.module, a.chunk)], (order_key(a), a))
     order: list[list[Compute]] = [[] for _ in range(placement.num_ranks)]
     done = 0
-    while done < len(all_stages):
+    while done < len(computes):
         finished = []
         for r in range(placement.num_ranks):
             if ready[r]:
@@ -249,7 +241,7 @@ def dataflow(
                 order[r].append(a.with_memory(memory))
                 finished.append(a)
         if not finished:
-            raise ScheduleError("dataflow: no stage is ready; the data flow has a cycle")
+            raise ScheduleError("dataflow: no compute is ready; the data flow has a cycle")
         for a in finished:
             done += 1
             for d in dependents[a]:
@@ -258,8 +250,6 @@ def dataflow(
                     heapq.heappush(ready[placement.rank_of(d.module, d.chunk)], (order_key(d), d))
     return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dataflow"))
 
-
-_MODULE_RANK = {"vision": 0, "audio": 1, "llm": 2}
 
 GENERATORS: Mapping[str, Callable[..., Schedule]] = {
     "1f1b": one_f_one_b,

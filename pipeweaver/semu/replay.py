@@ -1,0 +1,186 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The event-driven replay of one pipeline: compiled per-rank programs in, a timeline out.
+
+The simulator (:mod:`pipeweaver.semu.simulator`) compiles each rank's action list into a
+program of op tuples with integer ids from a :class:`TransferGraph`:
+
+* compute: ``(COMPUTE, action, seconds, kept bytes, transient bytes, is forward, id of its F,
+  transfers it waits for, transfers it sends)``; the last two are filled for compute-only
+  schedules, whose sends and receives are implicit (a send leaves when its producer ends);
+* send: ``(SEND, transfer, link, occupancy, latency)``;
+* receive: ``(RECV, transfer)``.
+
+A rank runs until it needs a tensor that has not been sent yet, then parks on that tensor;
+sending it wakes the rank up. A transfer occupies its directed link for its occupancy in FIFO
+order and arrives ``latency`` after it leaves the link.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, consumers, data_inputs
+from pipeweaver.ir import Action, Compute, ScheduleError
+from pipeweaver.placement import Placement
+from pipeweaver.semu.results import Event, PipelineResult
+
+COMPUTE, SEND, RECV = 0, 1, 2
+"""Op codes of a compiled program."""
+
+
+class TransferGraph:
+    """The data flow of one (placement, structure) with integer ids, for the replay.
+
+    Attributes:
+        compute_id: compute -> index.
+        edges: the cross-rank transfers ``(tensor, part)``.
+        edge_id: transfer -> its index in ``edges``.
+        remote: compute -> (ids of the transfers it waits for, its outgoing
+            ``(transfer id, destination rank)``).
+    """
+
+    def __init__(self, placement: Placement, structure: MicrobatchStructure):
+        self.compute_id: dict[Compute, int] = {}
+        self.edges: list[tuple[Compute, Any]] = []
+        self.edge_id: dict[tuple[Compute, Any], int] = {}
+        self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
+        computes = list(all_computes(placement, structure))
+        for a in computes:
+            self.compute_id[a] = len(self.compute_id)
+            r = placement.rank_of(a.module, a.chunk)
+            for consumer, part in consumers(a, placement, structure):
+                if placement.rank_of(consumer.module, consumer.chunk) != r:
+                    self.edge_id[(a, part)] = len(self.edges)
+                    self.edges.append((a, part))
+        for a in computes:
+            r = placement.rank_of(a.module, a.chunk)
+            waits = tuple(
+                self.edge_id[(p, part)]
+                for p, part in data_inputs(a, placement, structure)
+                if placement.rank_of(p.module, p.chunk) != r
+            )
+            sends = tuple(
+                (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
+                for c, part in consumers(a, placement, structure)
+                if placement.rank_of(c.module, c.chunk) != r
+            )
+            self.remote[a] = (waits, sends)
+
+
+def replay(
+    programs: Sequence[Sequence[tuple]],
+    actions: Sequence[Sequence[Action]],
+    graph: TransferGraph,
+    start: Sequence[float],
+    record: bool,
+) -> PipelineResult:
+    """Run every rank's program together.
+
+    Args:
+        programs: per rank, its compiled ops (module docstring).
+        actions: per rank, the schedule's actions the ops were compiled from (for errors).
+        graph: the ids the ops use.
+        start: per rank, when it can start.
+        record: keep the compute intervals as events.
+
+    Raises:
+        ScheduleError: the order deadlocks (no rank can progress).
+    """
+    n = len(programs)
+    t = list(start)
+    pos = [0] * n
+    busy = [0.0] * n
+    alive = [0.0] * n
+    peak = [0.0] * n
+    last_end = list(start)
+    kept = [0.0] * len(graph.compute_id)
+    arrivals: list = [None] * len(graph.edges)
+    parked: dict = {}
+    link_free: dict[tuple[int, int], float] = {}
+    events: list[Event] = []
+    ready = list(range(n - 1, -1, -1))
+
+    def send(edge: int, link: tuple[int, int], occupancy: float, latency: float, at: float):
+        """Put a transfer on its link at ``at`` (or when the link frees up); wake its reader."""
+        s0 = link_free.get(link, 0.0)
+        if at > s0:
+            s0 = at
+        link_free[link] = s0 + occupancy
+        arrivals[edge] = s0 + occupancy + latency
+        w = parked.pop(edge, None)
+        if w is not None:
+            ready.append(w)
+
+    while ready:
+        r = ready.pop()
+        ops = programs[r]
+        i = pos[r]
+        tr = t[r]
+        size = len(ops)
+        while i < size:
+            op = ops[i]
+            code = op[0]
+            if code == COMPUTE:
+                _, a, dur, keep, transient, forward, pair, waits, sends = op
+                begin = tr
+                blocked = None
+                for e in waits:
+                    at = arrivals[e]
+                    if at is None:
+                        blocked = e
+                        break
+                    if at > begin:
+                        begin = at
+                if blocked is not None:
+                    parked[blocked] = r
+                    break
+                end = begin + dur
+                busy[r] += dur
+                if forward:
+                    kept[pair] = keep
+                    alive[r] += keep
+                    level = alive[r] + transient
+                else:
+                    level = alive[r] + transient
+                    alive[r] -= kept[pair]
+                    kept[pair] = 0.0
+                if level > peak[r]:
+                    peak[r] = level
+                for edge, link, occupancy, latency in sends:
+                    send(edge, link, occupancy, latency, end)
+                if record:
+                    events.append(
+                        Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch)
+                    )
+                tr = end
+                last_end[r] = end
+            elif code == SEND:
+                send(op[1], op[2], op[3], op[4], tr)
+            else:
+                at = arrivals[op[1]]
+                if at is None:
+                    parked[op[1]] = r
+                    break
+                if at > tr:
+                    tr = at
+            i += 1
+        pos[r] = i
+        t[r] = tr
+    if any(pos[r] < len(programs[r]) for r in range(n)):
+        r0 = next(r for r in range(n) if pos[r] < len(programs[r]))
+        op = programs[r0][pos[r0]]
+        raise ScheduleError(
+            "the simulation cannot progress: every unfinished rank waits for a tensor "
+            "no rank will send (run pipeweaver.checker.check first)",
+            r0,
+            pos[r0],
+            op[1] if op[0] == COMPUTE else actions[r0][pos[r0]],
+        )
+    return PipelineResult(
+        makespan=max(last_end),
+        start=list(start),
+        rank_end=last_end,
+        busy=busy,
+        peak_activation=peak,
+        events=events,
+    )

@@ -1,0 +1,164 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""SEMU's scenarios: the step a model config would run on a cluster, ready to simulate.
+
+:func:`build_step` draws the samples of one iteration from the workload with the config's seed,
+in Megatron's sampler order, packs each DP replica's microbatches as the trainer does (padded to
+micro batch x sequence length when PP > 1, as the baseline trainer pads), places the chunks and
+generates each replica's schedule. ``tools/semu.py`` is its command line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from orchestration.workload_spec import SampleStream
+from pipeweaver.checker import check
+from pipeweaver.generators import generate
+from pipeweaver.interleave import flops_durations, greedy_dual_queue
+from pipeweaver.ir import Memory
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
+from pipeweaver.semu.batches import MicrobatchMeta, step_microbatches, structure_of
+from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.model import ModelSpec
+
+SCHEDULES: tuple[str, ...] = ("megatron", "1f1b", "interleaved", "none", "dataflow", "dynamic")
+"""Schedule names :func:`build_step` accepts: ``megatron`` is the upstream baseline (``none``
+for PP = 1, ``1f1b``, or ``interleaved`` with virtual stages); ``dynamic`` is the trainer's
+``--pipeline-schedule dynamic`` (greedy dual-queue interleaving); the others are
+:data:`pipeweaver.generators.GENERATORS`."""
+
+PLACEMENTS: tuple[str, ...] = ("baseline", "interleaved")
+"""Placement policies: :meth:`Placement.baseline` and :meth:`Placement.interleaved`."""
+
+
+def placement_kind(schedule: str, placement: str | None = None) -> str:
+    """The placement policy of a step: ``placement`` when given, else ``interleaved`` for the
+    ``dataflow`` and ``dynamic`` schedules (they run on any placement) and ``baseline`` for
+    Megatron's."""
+    return placement or ("interleaved" if schedule in ("dataflow", "dynamic") else "baseline")
+
+
+def build_step(
+    spec: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    schedule: str = "megatron",
+    placement: str | None = None,
+    chunks_per_rank: Mapping[str, int] | None = None,
+    memory: Memory | str | None = None,
+    pad: bool = True,
+    workload: str | None = None,
+    seed: int | None = None,
+    token_scale: float | None = None,
+    iteration: int = 0,
+    replicas: int | None = None,
+    encoder_sub_microbatch_tokens: int | None = None,
+    run_checker: bool = True,
+) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
+    """The schedules and microbatches of one step, per DP replica.
+
+    Args:
+        spec: the model and its parallel layout.
+        cluster: the devices (DP follows from their number).
+        schedule: one of :data:`SCHEDULES`.
+        placement: one of :data:`PLACEMENTS`; default :func:`placement_kind`'s.
+        chunks_per_rank: interleaved placement: chunks per rank of each module (default 1; the
+            LLM's defaults to the config's virtual stages).
+        memory: memory strategy of every compute; default the config's.
+        pad: pad the microbatches when PP > 1, as the baseline trainer does (the runtime's
+            schedules do not pad).
+        workload: workload spec or JSONL file; default the config's.
+        seed: workload seed; default the config's.
+        token_scale: workload token scale; default the config's.
+        iteration: which step of the sample stream.
+        replicas: simulate only this many DP replicas (clamped to 1..DP); default all.
+        encoder_sub_microbatch_tokens: encoder tokens per sub-microbatch, as the trainer's flag;
+            default the config's, else one sub per encoder and microbatch.
+        run_checker: validate every schedule with :func:`pipeweaver.checker.check`.
+
+    Returns:
+        ``(schedules, microbatches, info)``: one schedule and one microbatch list per simulated
+        replica, and what was built (model, cluster, schedule, placement, tp, pp, dp,
+        num_microbatches, workload, iteration, replicas_simulated).
+
+    Raises:
+        ModelConfigError: the config does not fit the cluster or its batch sizes.
+        WorkloadError: the workload cannot be read.
+        ScheduleError: the placement or the schedule does not fit the model.
+    """
+    dp = spec.parallel.data(cluster.num_devices)
+    pp = spec.parallel.pipeline
+    m = spec.training.num_microbatches(dp)
+    workload = workload or spec.training.workload
+    sample_of = SampleStream(
+        workload,
+        spec.training.workload_seed if seed is None else seed,
+        spec.training.workload_token_scale if token_scale is None else token_scale,
+    ).meta
+    encoders = list(spec.shape.encoders)
+    seq = spec.training.seq_length
+    replicas = dp if replicas is None else max(1, min(replicas, dp))
+    sub_tokens = encoder_sub_microbatch_tokens
+    if sub_tokens is None:
+        sub_tokens = spec.training.encoder_sub_microbatch_tokens
+    shape = spec.shape
+    mbs_all = step_microbatches(
+        sample_of,
+        iteration,
+        dp,
+        spec.training.micro_batch_size,
+        m,
+        encoders,
+        pad_to=seq * spec.training.micro_batch_size if pad and pp > 1 else None,
+        max_pad_run=seq,
+        sub_tokens=sub_tokens,
+        flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
+    )[:replicas]
+    name = schedule
+    if name == "megatron":
+        name = (
+            "none"
+            if pp == 1
+            else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
+        )
+    kind = placement_kind(name, placement)
+    if kind == "baseline":
+        layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
+    else:
+        k = dict(chunks_per_rank or {})
+        k.setdefault("llm", spec.parallel.llm_chunks_per_rank)
+        layout = Placement.interleaved(pp, spec.layers(), k)
+    strategy = Memory(memory or spec.training.memory)
+    schedules = []
+    cache: dict = {}
+    for mbs in mbs_all:
+        st = structure_of(mbs, encoders)
+        if name == "dynamic":  # the trainer's order: depends on the sequences, not the structure
+            sched = greedy_dual_queue(
+                layout, st, flops_durations(shape, layout, mbs), memory=strategy
+            )
+            if run_checker:
+                check(sched)
+            schedules.append(sched)
+            continue
+        if st not in cache:
+            sched = generate(name, layout, st, memory=strategy)
+            if run_checker:
+                check(sched)
+            cache[st] = sched
+        schedules.append(cache[st])
+    info = {
+        "model": spec.name,
+        "cluster": cluster.name,
+        "schedule": name,
+        "placement": kind,
+        "tp": spec.parallel.tensor,
+        "pp": pp,
+        "dp": dp,
+        "num_microbatches": m,
+        "workload": workload,
+        "iteration": iteration,
+        "replicas_simulated": replicas,
+    }
+    return schedules, mbs_all, info
