@@ -350,5 +350,3 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     return np.repeat(first, np.diff(np.r_[first, n]))
-
-

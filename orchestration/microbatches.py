@@ -15,6 +15,7 @@ import numpy as np
 
 from orchestration.balance import DEFAULT_BUDGET, InfeasibleCapError, WorkBudget, balance
 
+
 @dataclass(frozen=True, slots=True)
 class MicrobatchPlan:
     """A rank's samples cut into microbatches balanced in cost, each within the packing limit."""

@@ -77,6 +77,7 @@ class EncoderArrivals:
     sample_rows: Mapping[int, tuple[int, int]]
     """Global sample index -> its ``[start, stop)`` rows in the destination list."""
 
+
 @dataclass(frozen=True, slots=True)
 class PhasePlan(PlannedLoads):
     """The balanced assignment of one phase's items, and the exchange that carries it out."""
@@ -375,5 +376,3 @@ def _route_to_llm(enc: PhasePlan, llm: PhasePlan, R: int) -> Route:
     pos = unit_start[s] + enc.items.unit_in_sample
     dst_pos = pos - exclusive_cumsum(np.bincount(dst, minlength=R))[dst]
     return Route(R, enc.dispatch.dst, enc.dispatch.dst_pos, dst, dst_pos, enc.items.tokens)
-
-

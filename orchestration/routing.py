@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 @dataclass(frozen=True, slots=True)
 class Route:
     """A movement of items between ranks: one ``all_to_all`` (see the module doc).
@@ -183,5 +184,3 @@ def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
     out = np.zeros(counts.size, dtype=np.int64)
     np.cumsum(counts[:-1], out=out[1:])
     return out
-
-

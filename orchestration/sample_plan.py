@@ -42,6 +42,7 @@ from orchestration.phase_plan import PLAN_VERSION, PlannedLoads, hash_route, ite
 from orchestration.routing import Route, dst_positions
 from orchestration.workload import SampleMeta
 
+
 @dataclass(frozen=True, slots=True)
 class SamplePlan(PlannedLoads):
     """Whole samples re-assigned across DP groups (PP > 1)."""

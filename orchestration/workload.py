@@ -30,7 +30,6 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-
 MODALITIES: tuple[str, ...] = ("image", "audio", "video")
 """Non-text modalities, in the order their items are laid out in a sample."""
 
