@@ -30,14 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestration.metadata import GatheredMetadata, encode_rank_metadata
+from orchestration.metadata import GatheredMetadata, check_digests, encode_rank_metadata
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
-
-
-class PlanDigestMismatch(RuntimeError):
-    """Ranks computed different plans (different metadata or a nondeterministic planner)."""
-
 
 # --------------------------------------------------------------------------------- routing
 
@@ -193,16 +188,9 @@ class Dispatcher:
             group: where the digests must agree; default the whole world, since every DP
                 group (one per pipeline stage, one per TP rank) plans the same samples.
         """
-        world = dist.get_world_size(group)
-        gathered: list[Any] = [None] * world
+        gathered: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, digest, group=group)
-        bad = [r for r, d in enumerate(gathered) if d != gathered[0]]
-        if bad:
-            detail = ", ".join(f"rank {r}: {gathered[r][:12]}" for r in [0, *bad])
-            raise PlanDigestMismatch(
-                f"{what} digest differs across ranks {bad} vs rank 0 ({detail}): the ranks "
-                "saw different sample metadata, or planned with different flags"
-            )
+        check_digests(gathered, what)
 
     def move(self, route: Route, local_rows: torch.Tensor, local_sizes: np.ndarray,
              differentiable: bool = False) -> torch.Tensor:  # fmt: skip

@@ -38,6 +38,26 @@ class PlanError(ValueError):
     """Bad input to the planner: malformed metadata, or plans that differ across ranks."""
 
 
+class PlanDigestMismatch(PlanError):
+    """Ranks computed different plans (different metadata or a nondeterministic planner)."""
+
+
+def check_digests(digests: Sequence[str], what: str = "balance plan") -> None:
+    """Raise :class:`PlanDigestMismatch` naming the ranks whose digest differs from rank 0's.
+
+    Args:
+        digests: every rank's digest, in rank order (all-gathered by the dispatcher).
+        what: names the digest in the error.
+    """
+    bad = [r for r, d in enumerate(digests) if d != digests[0]]
+    if bad:
+        detail = ", ".join(f"rank {r}: {digests[r][:12]}" for r in [0, *bad])
+        raise PlanDigestMismatch(
+            f"{what} digest differs across ranks {bad} vs rank 0 ({detail}): the ranks saw "
+            "different sample metadata, or planned with different flags"
+        )
+
+
 def encode_rank_metadata(samples: Sequence[tuple[int, SampleMeta]]) -> np.ndarray:
     """One rank's metadata as a flat int64 array, the payload of the metadata all-gather.
 

@@ -162,21 +162,6 @@ class IterationPlan:
             start += n
         return EncoderArrivals(row_index(by_dst, rows), offsets)
 
-    def check_digest(self, other_digests: Sequence[str]) -> None:
-        """Raise :class:`PlanError` when another rank's digest differs from ours."""
-        check_digests([self.digest, *other_digests])
-
-
-def check_digests(digests: Sequence[str]) -> None:
-    """Raise :class:`PlanError` naming the ranks whose plan digest differs from rank 0's."""
-    bad = [r for r, d in enumerate(digests) if d != digests[0]]
-    if bad:
-        raise PlanError(
-            f"plan digests differ across ranks: rank 0 has {digests[0][:16]}..., ranks {bad} "
-            f"have {sorted({digests[r][:16] for r in bad})}: the gathered metadata or the "
-            f"planner's inputs differ between ranks"
-        )
-
 
 def plan_iteration(
     metadata: GatheredMetadata | Sequence[Sequence[tuple[int, SampleMeta]]],

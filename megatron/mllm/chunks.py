@@ -58,7 +58,7 @@ class ModuleChunk(MegatronModule):
         config = mllm.chunk_config(chunk.module, chunk.stop - chunk.start)
         super().__init__(config=config)
         self.mllm = mllm
-        self.chunk = chunk
+        self.chunk_id = chunk
         self.is_first = chunk.start == 0
         self.is_last = chunk.stop == total
         self.pg_collection = pg_collection
@@ -78,9 +78,9 @@ class ModuleChunk(MegatronModule):
         """Layout-independent name of a parameter, e.g. ``llm.layers.5.mlp.linear_fc1.weight``."""
         match = _LAYER.match(local)
         if match:
-            layer = int(match.group(1)) + self.chunk.start
-            return f"{self.chunk.module}.layers.{layer}.{local[match.end():]}"
-        return f"{self.chunk.module}.{local.removeprefix('block.')}"
+            layer = int(match.group(1)) + self.chunk_id.start
+            return f"{self.chunk_id.module}.layers.{layer}.{local[match.end():]}"
+        return f"{self.chunk_id.module}.{local.removeprefix('block.')}"
 
     def initialize(self) -> None:
         """Give every parameter its layout-independent initial value."""
@@ -90,7 +90,7 @@ class ModuleChunk(MegatronModule):
             {n: self.global_name(n) for n, _ in self.named_parameters()},
             self.config,
             self.mllm.init_seed,
-            self.mllm.num_layers(self.chunk.module),
+            self.mllm.num_layers(self.chunk_id.module),
             tp.rank(),
             tp.size(),
         )

@@ -4,13 +4,13 @@
 - :class:`RuntimeModel` holds this rank's chunks of a :class:`pipeweaver.placement.Placement` (any
   module cut anywhere) as one megatron-core module, so megatron-core's DDP, optimizer and
   ``finalize_model_grads`` treat it like any stage model;
-- :class:`ChunkStage` gives one chunk megatron-core's model contract (``set_input_tensor``,
+- :class:`RuntimeChunk` gives one chunk megatron-core's model contract (``set_input_tensor``,
   ``forward(batch)``), which is what the runtime drives through megatron-core's
   ``forward_step``/``backward_step``;
 - :class:`PipelineMicrobatch` is a packed microbatch without padding (the runtime derives every
   shape from metadata) whose encoder units are split into sub-microbatches;
 - :func:`schedule_function` picks the step's order: Megatron's 1F1B or interleaved 1F1B in the
-  IR, or the dynamic greedy dual-queue interleaving with FLOPs-predicted stage durations
+  IR, or the dynamic greedy dual-queue interleaving with FLOPs-predicted compute durations
   (``pipeweaver.interleave.flops_durations``, which SEMU uses too).
 """
 
@@ -62,10 +62,10 @@ def runtime_placement(
     return Placement.baseline(pp_size, layers, llm_chunks_per_rank=k)
 
 
-class ChunkStage(nn.Module):
+class RuntimeChunk(nn.Module):
     """One chunk with megatron-core's model contract, for the runtime's forward/backward steps.
 
-    The chunk itself is owned (and registered) by :class:`RuntimeModel`; the stage only routes
+    The chunk itself is owned (and registered) by :class:`RuntimeModel`; this wrapper only routes
     the runtime's input tensors: the previous chunk's output, or for LLM chunk 0 the projected
     rows of every encoder sub in ``PipelineMicrobatch.parts()`` order.
     """
@@ -81,19 +81,19 @@ class ChunkStage(nn.Module):
         return self._chunk[0]
 
     def set_input_tensor(self, tensors) -> None:
-        """megatron-core's hook: this stage's input tensors."""
+        """megatron-core's hook: this chunk's input tensors."""
         self._inputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
 
-    def forward(self, batch: "StageBatch") -> Tensor:
+    def forward(self, batch: "ComputeBatch") -> Tensor:
         """Run the chunk on its share of a microbatch."""
         chunk = self.chunk
         mb = batch.microbatch
         if isinstance(chunk, EncoderChunk):
-            sub = mb.sub_input(chunk.chunk.module, batch.sub)
+            sub = mb.sub_input(chunk.chunk_id.module, batch.sub)
             hidden = None if chunk.is_first else self._inputs[0]
             out = chunk.body(hidden, sub.features, sub.positions, sub.packed_seq_params())
             if chunk.is_last:
-                # The runtime frees the data of stage outputs (megatron-core's
+                # The runtime frees the data of chunk outputs (megatron-core's
                 # deallocate_pipeline_outputs), which a view would defeat.
                 out = make_viewless_tensor(chunk.head(out.squeeze(1), sub), True, True)
             return out
@@ -112,14 +112,14 @@ class RuntimeModel(PlacedModel):
     def __init__(self, mllm: MLLMConfig, placement: Placement, pp_rank: int, pg_collection):
         super().__init__(mllm, placement, pp_rank)
         self.chunks = nn.ModuleDict()
-        self._stages: dict[tuple[str, int], ChunkStage] = {}
+        self._chunk_modules: dict[tuple[str, int], RuntimeChunk] = {}
         for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
             chunk = build_chunk(mllm, cid, pg_collection)
             self.chunks[f"{module}_{c}"] = chunk
-            self._stages[(module, c)] = ChunkStage(chunk)
+            self._chunk_modules[(module, c)] = RuntimeChunk(chunk)
         last_llm = placement.num_chunks("llm") - 1
-        self.pre_process = ("llm", 0) in self._stages
-        self.post_process = ("llm", last_llm) in self._stages
+        self.pre_process = ("llm", 0) in self._chunk_modules
+        self.post_process = ("llm", last_llm) in self._chunk_modules
 
     def describe(self) -> str:
         """The layout for the setup line."""
@@ -129,12 +129,12 @@ class RuntimeModel(PlacedModel):
         lang = self.mllm.language
         return f"encoders: {encoders} | LLM {lang.num_layers} layers x {lang.hidden_size}"
 
-    def stage(self, module: str, chunk: int) -> ChunkStage:
+    def chunk_module(self, module: str, chunk: int) -> RuntimeChunk:
         """The runtime's view of one chunk on this rank."""
-        return self._stages[(module, chunk)]
+        return self._chunk_modules[(module, chunk)]
 
     def set_input_tensor(self, input_tensor) -> None:
-        """Inputs go to individual stages (:meth:`stage`), never to the container."""
+        """Inputs go to individual chunks (:meth:`chunk_module`), never to the container."""
 
     def global_param_names(self) -> dict[str, str]:
         """Local parameter name -> layout-independent name."""
@@ -146,20 +146,20 @@ class RuntimeModel(PlacedModel):
 
 
 @dataclass
-class StageBatch:
-    """What ``forward_step_func`` gets for one stage: the microbatch and the stage's place."""
+class ComputeBatch:
+    """What ``forward_step_func`` gets for one compute: the microbatch and the compute's place."""
 
     microbatch: "PipelineMicrobatch"
     """The microbatch."""
 
     module: str
-    """The stage's module."""
+    """The compute's module."""
 
     chunk: int
-    """The stage's chunk."""
+    """The compute's chunk."""
 
     sub: int
-    """The stage's sub-microbatch (0 for the LLM)."""
+    """The compute's sub-microbatch (0 for the LLM)."""
 
     @property
     def language(self) -> LanguageInput:
@@ -210,9 +210,9 @@ class PipelineMicrobatch:
         sub_input = self.sub_input(module, sub)
         return sub_input.unit_lens, sub_input.num_rows
 
-    def stage_batch(self, module: str, chunk: int, sub: int) -> StageBatch:
-        """The batch ``forward_step_func`` receives for one stage."""
-        return StageBatch(self, module, chunk, sub)
+    def compute_batch(self, module: str, chunk: int, sub: int) -> ComputeBatch:
+        """The batch ``forward_step_func`` receives for one compute."""
+        return ComputeBatch(self, module, chunk, sub)
 
 
 def _encoder_items(samples: Sequence[tuple[SampleMeta, SamplePayload]], encoder: str):

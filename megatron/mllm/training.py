@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.mllm.arguments import ConfigError, parse_arguments
     from megatron.mllm.data import SequenceTooLongError
     from orchestration.balance import InfeasibleCapError
-    from orchestration.dispatcher import PlanDigestMismatch
+    from orchestration.metadata import PlanError
     from orchestration.workload import WorkloadError
 
     logs.configure(logs.level_from_argv(sys.argv[1:] if argv is None else argv))
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         WorkloadError,
         SequenceTooLongError,
         checkpointing.CheckpointError,
-        PlanDigestMismatch,
+        PlanError,
         InfeasibleCapError,
     ) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

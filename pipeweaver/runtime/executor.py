@@ -27,7 +27,7 @@ The model side is described by two small protocols, so the runtime knows nothing
 * ``chunk_module(module, chunk)`` returns a module with megatron-core's model contract
   (``set_input_tensor(list)``, ``forward(batch)``) for one chunk on this rank;
 * each microbatch from ``data_iterator`` provides ``num_subs(encoder)``,
-  ``output_shape(module, sub, last_chunk)`` and ``stage_batch(module, chunk, sub)``.
+  ``output_shape(module, sub, last_chunk)`` and ``compute_batch(module, chunk, sub)``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class RuntimeMicrobatch(Protocol):
         """Shape of a chunk's output: encoder hidden states, an encoder's projected rows (its
         last chunk), or the LLM's hidden states."""
 
-    def stage_batch(self, module: str, chunk: int, sub: int) -> Any:
+    def compute_batch(self, module: str, chunk: int, sub: int) -> Any:
         """What ``forward_step_func`` receives from its data iterator for one compute."""
 
 
@@ -295,7 +295,7 @@ class _Step:
         return a.module == "llm" and a.chunk == self.placement.num_chunks("llm") - 1
 
     def _run_forward(self, a: Compute, inputs: list, store: list):
-        batch = self.microbatches[a.microbatch].stage_batch(a.module, a.chunk, a.sub)
+        batch = self.microbatches[a.microbatch].compute_batch(a.module, a.chunk, a.sub)
         output, tokens = forward_step(
             self.forward_step_func,
             iter([batch]),

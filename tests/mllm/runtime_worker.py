@@ -66,7 +66,7 @@ def die(stage: int, microbatch: int, flags: list[str]) -> None:
     trainer = Trainer(RunConfig.from_args(parse_arguments(flags)))
     if trainer.pp_rank == stage:
         chunks = trainer.model.placement.chunks_on(trainer.pp_rank)
-        module = trainer.model.stage("llm", min(c for m, c in chunks if m == "llm"))
+        module = trainer.model.chunk_module("llm", min(c for m, c in chunks if m == "llm"))
         seen = []
 
         def hook(mod, args):

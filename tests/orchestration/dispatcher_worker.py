@@ -7,7 +7,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestration.dispatcher import Dispatcher, PlanDigestMismatch
+from orchestration.dispatcher import Dispatcher
+from orchestration.metadata import PlanDigestMismatch
 
 
 def rows_for(rank: int, counts: np.ndarray) -> torch.Tensor:

@@ -22,10 +22,16 @@ from hypothesis import strategies as st
 
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
-from orchestration.metadata import GatheredMetadata, PlanError, encode_rank_metadata, phase_items
+from orchestration.metadata import (
+    GatheredMetadata,
+    PlanError,
+    check_digests,
+    encode_rank_metadata,
+    phase_items,
+)
 from orchestration.microbatches import form_microbatches
 from orchestration.model_shape import ModelShape, TransformerShape
-from orchestration.phase_plan import check_digests, plan_iteration
+from orchestration.phase_plan import plan_iteration
 from orchestration.routing import Route, row_index
 from orchestration.sample_plan import plan_whole_samples
 from orchestration.workload import Item, SampleMeta
@@ -259,8 +265,8 @@ def test_digest_changes_with_the_metadata_and_mismatch_is_reported():
     b = plan_iteration(changed, COST)
     assert a.metadata_digest != b.metadata_digest and a.digest != b.digest
     with pytest.raises(PlanError, match=r"ranks \[1\]"):
-        a.check_digest([b.digest])
-    a.check_digest([a.digest, a.digest])
+        check_digests([a.digest, b.digest])
+    check_digests([a.digest, a.digest, a.digest])
 
 
 def test_cap_too_small_names_the_sample():

@@ -100,7 +100,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE
     runtime = PipelineRuntime(
         model.placement,
-        model.stage,
+        model.chunk_module,
         PipelineP2P(pg_collection.pp),
         schedule_function(name, mllm.shape(), memory),
         device,
