@@ -6,8 +6,7 @@ literals (the pipeline schedules' token counter, the optimizer, grad-norm helper
 ``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
 buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, an assertion
 that gradients are CUDA tensors when they are clipped, and the GPU architecture that Megatron's
-argument validation reads for TP > 1. The inventory
-and the recipe are in ``shared/research/megatron.md`` section 3.3/3.4.
+argument validation reads for TP > 1.
 
 Everything here is applied by :func:`apply` only when CUDA is absent; on a GPU machine it is a
 no-op, so the same code path runs with NCCL. OrchWeave's own code never needs it: it allocates
