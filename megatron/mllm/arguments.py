@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import sys
+import traceback
 from typing import Sequence
 
 from megatron.mllm.run_config import (
@@ -115,8 +116,10 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
             try:
                 validate_args(args, {})
             except AssertionError as e:
-                # Megatron validates with bare asserts; a user gets one line naming the flag.
-                raise ConfigError(f"Megatron's argument validation failed: {e}") from e
+                # Megatron validates with asserts, some without a message: name the check.
+                frame = traceback.extract_tb(e.__traceback__)[-1]
+                what = str(e) or f"{frame.line} ({os.path.basename(frame.filename)}:{frame.lineno})"
+                raise ConfigError(f"Megatron's argument validation failed: {what}") from e
     finally:
         sys.argv = saved
         if printed.getvalue():
@@ -197,6 +200,12 @@ def finish_arguments(args: argparse.Namespace) -> None:
         args.gpus_per_node = _default_gpus_per_node()
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    if args.post_balance != "none" and args.node_wise_a2a and dp % args.gpus_per_node:
+        raise ConfigError(
+            f"--node-wise-a2a: --gpus-per-node {args.gpus_per_node} does not divide the "
+            f"data-parallel size {dp} (a node holds whole groups of DP ranks)"
+        )
 
 
 def _check_pipeline(args: argparse.Namespace) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+import dataclasses
+import subprocess
+import sys
+
 from megatron.mllm.arguments import ConfigError, parse_arguments
+from megatron.mllm.run_config import OPTION_GROUPS, EncoderArgs, RunConfig
 
 BASE = [
     "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -60,3 +65,60 @@ def test_megatron_flags_and_ours_parse_with_derived_defaults():
 def test_bad_layouts_and_flags_name_the_flags(flags, world, message):
     with pytest.raises(ConfigError, match=message):
         parse_arguments([*BASE, *flags], world)
+
+
+def test_the_typed_run_config_carries_every_flag():
+    args = parse_arguments(
+        [*BASE, "--post-balance", "kk", "--post-balance-token-caps", "vision=100", "llm=900",
+         "--no-check-plan-digest", "--balance-phases", "vision", "llm", "--pipeline-schedule",
+         "dynamic", "--pipeline-model-parallel-size", "2", "--vision-chunks-per-stage", "2",
+         "--audio-num-layers", "0", "--vision-num-layers", "4", "--projector-type", "affine",
+         "--lr-warmup-iters", "1"],
+        4,
+    )  # fmt: skip
+    run = RunConfig.from_args(args)
+    assert run.parallel.data == 2 and run.num_microbatches == 1 and run.packing_limit == 256
+    assert run.balance.post_balance == "kk" and not run.balance.check_plan_digest
+    assert run.balance.token_caps == {"vision": 100, "llm": 900}
+    assert run.balance.balance_phases == ["vision", "llm"]
+    assert run.pipeline.chunks_per_stage() == {"vision": 2, "audio": 1, "llm": 1}
+    assert run.uses_runtime and run.multimodal.projector_type == "affine"
+    assert set(run.encoders) == {"vision"} and run.encoders["vision"].num_layers == 4
+    assert run.training.train_iters == 3 and run.optimizer.lr == 1e-3
+    assert run.ddp.use_distributed_optimizer is False
+    # Every field of OrchWeave's config dataclasses is a flag whose help is its docstring.
+    help_text = subprocess.run(
+        [sys.executable, "-c", "from megatron.mllm.arguments import parse_arguments; "
+         "parse_arguments(['--help'])"],
+        capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    for _, cls in OPTION_GROUPS:
+        for f in dataclasses.fields(cls):
+            names = f.metadata.get("argparse_meta", {}).get("arg_names")
+            assert (names or ["--" + f.name.replace("_", "-")])[0] in help_text, f.name
+    for f in dataclasses.fields(EncoderArgs):
+        assert f"--audio-{f.name.replace('_', '-')}" in help_text, f.name
+    assert "Hidden classes of synthetic images/audio" in help_text
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--lr-warmup-iters", "3"], r"--lr-warmup-iters 3 must be smaller than the decay"),
+        (
+            ["--max-position-embeddings", "64"],
+            r"Megatron's argument validation failed: "
+            r"max_position_embeddings \(64\) must be greater than or equal to seq_length",
+        ),
+        (
+            ["--fp16", "--bf16"],
+            r"Megatron's argument validation failed: assert not args\.bf16 \(arguments\.py:\d+\)",
+        ),
+        (["--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "3"],
+         r"--gpus-per-node 3 does not divide the data-parallel size 2"),  # fmt: skip
+        (["--post-balance-token-caps", "video=10"], r"expected PHASE=TOKENS"),
+    ],
+)
+def test_bad_flags_are_config_errors_not_tracebacks(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_arguments([*BASE, *flags], 2)

@@ -60,6 +60,15 @@ def test_dp2_run_learns_and_logs_like_megatron(dp2_run):
     assert "bytes moved per iteration" in lines[-1]
 
 
+def test_the_main_job_log_is_the_setup_line_and_the_iteration_lines(dp2_run):
+    # megatron-core's argument and parameter listings and its import warnings are debug-level.
+    proc, _ = dp2_run
+    log = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(log) < 60, "\n".join(log[:80])
+    assert sum(line.startswith("> OrchWeave:") for line in log) == 1
+    assert not any("Warning" in line or "arguments ----" in line for line in log), log
+
+
 @pytest.mark.parametrize(
     "schedule,marker",
     [("megatron", "forward_backward_pipelining_without_interleaving"), ("dynamic", "dynamic")],

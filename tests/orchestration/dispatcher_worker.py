@@ -7,7 +7,22 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.metadata import GatheredMetadata
+from orchestration.model_shape import ModelShape, TransformerShape
+from orchestration.phase_plan import plan_iteration
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
+
+COST = CostModel.build(
+    ModelShape(
+        llm=TransformerShape(2, 32, 64, 4, causal=True),
+        encoders={
+            "vision": TransformerShape(1, 32, 64, 4),
+            "audio": TransformerShape(1, 32, 64, 4),
+        },
+    )
+)
 from orchestration.metadata import PlanDigestMismatch
 
 
@@ -59,6 +74,22 @@ def main() -> None:
     ]
     names = direct.all_gather_strings([f"s{rank}-{i}" for i in range(rank)])
     assert names == [f"s{r}-{i}" for r in range(world) for i in range(r)]
+    # The metadata all-gather rebuilds the table every rank plans from, ids included, and a
+    # route moves each local item's rows to its destination, in arrival order.
+    gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=3, token_scale=0.05)
+    ranks = [[(k, gen.sample(k)) for k in range(r * 5, r * 5 + 2 + r)] for r in range(world)]
+    md = direct.gather_metadata(ranks[rank])
+    assert md.digest() == GatheredMetadata.from_rank_samples(ranks).digest()
+    assert md.sample_ids == tuple(m.sample_id for r in ranks for _, m in r)
+    llm = plan_iteration(md, COST, algorithm="lpt+refine").phase("llm")
+    sizes = llm.items.tokens[llm.dispatch.src_items(rank)]
+    mine = [k for k, _ in ranks[rank]]
+    rows = torch.tensor(np.repeat(mine, sizes), dtype=torch.float64).view(-1, 1)
+    for disp in (direct, nodewise):
+        got = disp.move(llm.dispatch, rows, sizes)
+        order = llm.dispatch.arrival_order(rank)
+        want = np.repeat(md.sample_stream[llm.items.sample[order]], llm.dispatch.rows[order])
+        assert got[:, 0].tolist() == want.tolist(), (rank, got, want)
     counts = np.full((world, world), 2)
     direct.reset_counters()
     direct.all_to_all(rows_for(rank, counts), counts)
