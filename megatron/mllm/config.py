@@ -102,42 +102,40 @@ class MLLMConfig:
         """The sizes of the model that decide its costs: FLOPs (balancer, TFLOP/s), parameters
         and bytes (SEMU). The one derivation every part of OrchWeave uses."""
         lang = self.language
-        gated = bool(lang.gated_linear_unit)
         v = self.vocab_size
-        bias = bool(lang.add_bias_linear)
-        norm = str(lang.normalization)
+        # What every module shares with the LLM: the MLP type, biases, the norms.
+        common = dict(
+            gated_mlp=bool(lang.gated_linear_unit),
+            add_bias_linear=bool(lang.add_bias_linear),
+            normalization=str(lang.normalization),
+        )
         llm = TransformerShape(
             num_layers=lang.num_layers,
             hidden_size=lang.hidden_size,
             ffn_hidden_size=lang.ffn_hidden_size,
             num_attention_heads=lang.num_attention_heads,
             num_query_groups=lang.num_query_groups,
-            gated_mlp=gated,
             causal=True,
             output_flops_per_token=2.0 * lang.hidden_size * v,
             embedding_params=(v + self.max_sequence_length) * lang.hidden_size,
-            add_bias_linear=bias,
-            normalization=norm,
+            **common,
         )
         encoders = {}
         for name, enc in self.encoders.items():
-            proj = (
-                2.0
-                * (enc.hidden_size * lang.ffn_hidden_size + lang.ffn_hidden_size * lang.hidden_size)
-                if self.projector_type == "mlp"
-                else 2.0 * enc.hidden_size * lang.hidden_size
-            )
+            # The MLP projector maps the encoder's width to the LLM's through the LLM's FFN width.
+            if self.projector_type == "mlp":
+                proj = 2.0 * (enc.hidden_size + lang.hidden_size) * lang.ffn_hidden_size
+            else:
+                proj = 2.0 * enc.hidden_size * lang.hidden_size
             encoders[name] = TransformerShape(
                 num_layers=enc.num_layers,
                 hidden_size=enc.hidden_size,
                 ffn_hidden_size=enc.ffn_hidden_size,
                 num_attention_heads=enc.num_attention_heads,
-                gated_mlp=gated,
                 causal=False,
                 input_flops_per_token=2.0 * enc.input_dim * enc.hidden_size,
                 output_flops_per_token=proj,
-                add_bias_linear=bias,
-                normalization=norm,
+                **common,
             )
         dtype_bytes = 2 if lang.bf16 or lang.fp16 else 4
         return ModelShape(llm=llm, encoders=encoders, params_dtype_bytes=dtype_bytes)

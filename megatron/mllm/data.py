@@ -180,29 +180,30 @@ class LoadedMicrobatch:
         return [(s.meta, s.payload) for s in self.samples]
 
 
+@dataclass
 class BatchLoader:
     """Loads one DP rank's samples of every iteration and gathers the batch's metadata."""
 
-    def __init__(self, stream: SampleStream, task: SyntheticTask, dispatcher: Dispatcher,
-                 micro_batch_size: int, num_microbatches: int, seq_length: int,
-                 with_features: bool):  # fmt: skip
-        """Args:
-        stream: the workload.
-        task: the synthetic payloads.
-        dispatcher: collectives over this rank's DP group (the metadata all-gather).
-        micro_batch_size: samples per microbatch (Megatron's order).
-        num_microbatches: microbatches per DP rank per iteration.
-        seq_length: ``--seq-length``; longer samples are an error.
-        with_features: generate encoder features (only ranks running an encoder's input layer
-            need them).
-        """
-        self.stream = stream
-        self.task = task
-        self.dispatcher = dispatcher
-        self.micro_batch_size = micro_batch_size
-        self.num_microbatches = num_microbatches
-        self.seq_length = seq_length
-        self.with_features = with_features
+    stream: SampleStream
+    """The workload."""
+
+    task: SyntheticTask
+    """The synthetic payloads."""
+
+    dispatcher: Dispatcher
+    """Collectives over this rank's DP group (the metadata all-gather)."""
+
+    micro_batch_size: int
+    """Samples per microbatch (Megatron's order)."""
+
+    num_microbatches: int
+    """Microbatches per DP rank per iteration."""
+
+    seq_length: int
+    """``--seq-length``; longer samples are an error."""
+
+    with_features: bool
+    """Generate encoder features (only ranks that run an encoder's input layer need them)."""
 
     def load(self, iteration: int) -> GlobalBatch:
         """This rank's samples of ``iteration`` and the batch's metadata; collective over DP.

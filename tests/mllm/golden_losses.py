@@ -13,24 +13,29 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden") / "losses.json"
 WORKER = Path(__file__).with_name("golden_worker.py")
 
+
+def main_job_flags() -> list[str]:
+    """The flags ``scripts/pretrain_mllm_cpu.sh`` passes to ``scripts/pretrain_mllm.py``."""
+    script = (REPO / "scripts" / "pretrain_mllm_cpu.sh").read_text()
+    body = script.split('scripts/pretrain_mllm.py" \\\n', 1)[1].split('"$@"', 1)[0]
+    return shlex.split(body.replace("\\\n", " "))
+
+
 MAIN_JOB = [
-    "--distributed-backend", "gloo", "--transformer-impl", "local",
-    "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-    "--seq-length", "256", "--max-position-embeddings", "256", "--vocab-size", "512",
-    "--vision-num-layers", "2", "--vision-patch-size", "4", "--audio-num-layers", "2",
-    "--audio-feature-dim", "32", "--workload", "omni-three-modality",
-    "--workload-token-scale", "0.03125", "--micro-batch-size", "2", "--global-batch-size", "16",
-    "--train-iters", "4", "--lr", "4e-3", "--min-lr", "4e-4", "--lr-warmup-iters", "1",
-    "--lr-decay-style", "cosine", "--weight-decay", "0.01", "--clip-grad", "1.0",
-    "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234", "--log-interval", "1",
+    *main_job_flags(),
+    # Each mode below says what it switches on; 4 iterations, one of them warm-up.
+    "--post-balance", "none", "--pipeline-schedule", "megatron",
+    "--train-iters", "4", "--lr-warmup-iters", "1", "--log-interval", "1",
 ]  # fmt: skip
-"""scripts/pretrain_mllm_cpu.sh's flags, 4 iterations (1 warm-up)."""
+"""The main job's flags, every OrchWeave feature off, 4 iterations."""
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
 MODES: dict[int, dict[str, list[str]]] = {
@@ -90,7 +95,7 @@ def pinned_env(repo: Path) -> dict[str, str]:
 def run_modes(out_dir: Path, world: int, timeout: float = 600) -> dict[str, list[dict]]:
     """Run every mode of one world size in one launch; per mode, its per-iteration records."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from launch import REPO, check, free_port, run
+    from launch import check, free_port, run
 
     argv = [str(out_dir)]
     for name, flags in MODES[world].items():

@@ -16,7 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+import torch
+
 from megatron.mllm.data import LoadedMicrobatch
+from orchestration.cost_model import CostModel
+from orchestration.dispatcher import Dispatcher
+from orchestration.microbatches import MicrobatchPlan, form_microbatches
+
+BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
+"""``--post-balance`` choices and the ``orchestration.balance`` algorithm each runs."""
 
 
 @dataclass
@@ -115,3 +124,51 @@ class PackedStep(TrainingStep):
 
     def describe(self) -> str:
         return f"post-balance: none | schedule: {self.schedule}"
+
+
+class BalancedStep(TrainingStep):
+    """What the two post-balancing steps share: the planner's inputs, the dispatcher, and how
+    a rank's samples become microbatches after the exchange."""
+
+    def __init__(self, run, mllm, dispatcher: Dispatcher, cost_model: CostModel,
+                 device: torch.device):  # fmt: skip
+        """Args:
+        run: the :class:`~megatron.mllm.run_config.RunConfig`.
+        mllm: the model (``megatron.mllm.config.MLLMConfig``).
+        dispatcher: collectives over this rank's DP group.
+        cost_model: the planner's per-phase costs.
+        device: this rank's device.
+        """
+        super().__init__()
+        self.balance = run.balance
+        self.algorithm = BALANCE_ALGORITHMS[run.balance.post_balance]
+        self.packing_limit = run.packing_limit
+        self.mllm = mllm
+        self.dispatcher = dispatcher
+        self.cost_model = cost_model
+        self.device = device
+
+    def describe_balance(self, mode: str) -> str:
+        """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
+        text = f"post-balance: {self.balance.post_balance}, {mode}"
+        if self.balance.node_wise_a2a:
+            text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
+        return text
+
+    def begin(self, digest: str) -> None:
+        """Before moving anything: every rank planned the same (unless told not to check)."""
+        if self.balance.check_plan_digest:
+            self.dispatcher.check_digest(digest)
+        self.dispatcher.reset_counters()
+
+    def form_microbatches(self, costs: np.ndarray, tokens: np.ndarray, num_microbatches: int,
+                          samples, sample_ids) -> MicrobatchPlan:  # fmt: skip
+        """This rank's ``(sample, meta, payload)`` list cut into microbatches balanced in cost
+        within the packing limit; errors name the sample."""
+        return form_microbatches(
+            costs,
+            tokens,
+            num_microbatches,
+            self.packing_limit,
+            labels=[f"sample {sample_ids[s]!r}" for s, _, _ in samples],
+        )

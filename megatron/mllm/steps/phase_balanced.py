@@ -32,43 +32,24 @@ from megatron.core.pipeline_parallel.schedules import backward_step, forward_ste
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from megatron.mllm.batch import SamplePayload, build_microbatch, thd_params
 from megatron.mllm.config import MLLMConfig
-from megatron.mllm.steps.base import BalanceStats, TrainingStep, take
+from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.microbatches import form_microbatches
 from orchestration.phase_plan import IterationPlan, plan_iteration
 
-BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
-"""``--post-balance`` choices and the ``orchestration.balance`` algorithm each runs."""
 
-
-class PhaseBalancedStep(TrainingStep):
+class PhaseBalancedStep(BalancedStep):
     """Per-phase post-balancing with PP = 1 (see the module docstring)."""
 
     def __init__(self, run, mllm: MLLMConfig, dispatcher: Dispatcher, cost_model: CostModel,
                  pg_collection, device: torch.device):  # fmt: skip
-        """Args:
-        run: the :class:`~megatron.mllm.run_config.RunConfig`.
-        mllm: the model.
-        dispatcher: collectives over the DP group.
-        cost_model: the planner's per-phase costs.
-        pg_collection: megatron-core's process groups (for ``finalize_model_grads``).
-        device: this rank's device.
-        """
-        super().__init__()
-        self.balance = run.balance
-        self.algorithm = BALANCE_ALGORITHMS[run.balance.post_balance]
-        self.packing_limit = run.packing_limit
-        self.mllm = mllm
-        self.dispatcher = dispatcher
-        self.cost_model = cost_model
+        """Args: those of :class:`BalancedStep`, and ``pg_collection``, megatron-core's process
+        groups (for ``finalize_model_grads``)."""
+        super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
-        self.device = device
 
     def describe(self) -> str:
-        text = f"post-balance: {self.balance.post_balance}, per phase {self.balance.balance_phases}"
-        if self.balance.node_wise_a2a:
-            text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
+        text = self.describe_balance(f"per phase {self.balance.balance_phases}")
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
     def plan(self, batch) -> IterationPlan:
@@ -92,9 +73,7 @@ class PhaseBalancedStep(TrainingStep):
         disp = self.dispatcher
         me = disp.rank
         plan = self.plan(batch)
-        if self.balance.check_plan_digest:
-            disp.check_digest(plan.digest)
-        disp.reset_counters()
+        self.begin(plan.digest)
         stats = BalanceStats()
         for p in plan.phases:
             stats.imbalance_before[p.phase] = p.imbalance_before
@@ -116,13 +95,12 @@ class PhaseBalancedStep(TrainingStep):
             samples = self._llm_samples(plan, batch.metadata, local)
             llm = plan.phase("llm")
             mine = llm.dispatch.dst_items(me)
-            ids = batch.metadata.sample_ids
-            mb_plan = form_microbatches(
+            mb_plan = self.form_microbatches(
                 llm.costs[mine],
                 llm.items.tokens[mine],
                 num_microbatches,
-                self.packing_limit,
-                labels=[f"sample {ids[s]!r}" for s, _, _ in samples],
+                samples,
+                batch.metadata.sample_ids,
             )
             stats.num_microbatches = mb_plan.num_microbatches
             for i, mb in enumerate(mb_plan.microbatches):

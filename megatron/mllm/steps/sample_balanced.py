@@ -17,49 +17,34 @@ import torch
 from megatron.mllm import distributed
 from megatron.mllm.batch import SamplePayload
 from megatron.mllm.config import MLLMConfig
-from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep, take
-from megatron.mllm.steps.phase_balanced import BALANCE_ALGORITHMS
+from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.metadata import sample_encoder_tokens
-from orchestration.microbatches import form_microbatches
 from orchestration.sample_plan import plan_whole_samples
 
 
-class SampleBalancedStep(TrainingStep):
+class SampleBalancedStep(BalancedStep):
     """Whole samples re-assigned across DP groups, then the group's engine."""
 
     def __init__(self, engine: PackedStep, run, mllm: MLLMConfig, dispatcher: Dispatcher,
                  cost_model: CostModel, pp_group, with_features: bool,
                  device: torch.device):  # fmt: skip
-        """Args:
+        """Args: those of :class:`BalancedStep` (``dispatcher`` over this stage's DP group), and
+
         engine: the group's pipeline, with its packing.
-        run: the :class:`~megatron.mllm.run_config.RunConfig`.
-        mllm: the model.
-        dispatcher: collectives over this stage's DP group.
-        cost_model: the planner's per-phase costs.
         pp_group: this rank's pipeline group (to add up what every stage moved).
         with_features: this stage runs an encoder's input layer, so features move too.
-        device: this rank's device.
         """
-        super().__init__()
+        super().__init__(run, mllm, dispatcher, cost_model, device)
         self.engine = engine
         self.padded_length = engine.padded_length
-        self.balance = run.balance
-        self.algorithm = BALANCE_ALGORITHMS[run.balance.post_balance]
-        self.packing_limit = run.packing_limit
-        self.mllm = mllm
-        self.dispatcher = dispatcher
-        self.cost_model = cost_model
         self.pp_group = pp_group
         self.with_features = with_features
-        self.device = device
 
     def describe(self) -> str:
-        text = f"post-balance: {self.balance.post_balance}, whole samples across DP groups"
-        if self.balance.node_wise_a2a:
-            text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
+        text = self.describe_balance("whole samples across DP groups")
         return f"{text} | schedule: {self.engine.schedule}"
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
@@ -68,9 +53,7 @@ class SampleBalancedStep(TrainingStep):
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
         plan = plan_whole_samples(metadata, self.cost_model, algorithm=self.algorithm)
-        if self.balance.check_plan_digest:
-            disp.check_digest(plan.digest)
-        disp.reset_counters()
+        self.begin(plan.digest)
         route = plan.dispatch
         # Token ids: every stage builds its labels and shapes from them.
         tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local]))
@@ -91,14 +74,10 @@ class SampleBalancedStep(TrainingStep):
                 feats[enc] = got.numpy()
         mine = route.dst_items(me)
         samples = self._samples(plan, metadata, mine, got_tokens, feats)
-        ids = metadata.sample_ids
-        mb_plan = form_microbatches(
-            plan.costs[mine],
-            plan.items.tokens[mine],
-            num_microbatches,
-            self.packing_limit,
-            labels=[f"sample {ids[s]!r}" for s, _, _ in samples],
-        )
+        mb_plan = self.form_microbatches(
+            plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
+            metadata.sample_ids,
+        )  # fmt: skip
         microbatches = [
             self.engine.pack([(samples[i][1], samples[i][2]) for i in mb])
             for mb in mb_plan.microbatches
