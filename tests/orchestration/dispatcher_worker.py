@@ -26,21 +26,20 @@ COST = CostModel.build(
 from orchestration.metadata import PlanDigestMismatch
 
 
-def rows_for(rank: int, counts: np.ndarray) -> torch.Tensor:
-    """Rows encoding (src, dst, index) so that any misrouting is visible."""
-    out = []
-    for d in range(counts.shape[0]):
-        for i in range(counts[rank, d]):
-            out.append([rank, d, i, rank * 1000 + d * 100 + i])
+def rows(pairs, counts: np.ndarray) -> torch.Tensor:
+    """Rows encoding (src, dst, index) of every (src, dst) block, so a misrouting is visible."""
+    out = [[s, d, i, s * 1000 + d * 100 + i] for s, d in pairs for i in range(counts[s, d])]
     return torch.tensor(out, dtype=torch.float64).view(-1, 4)
+
+
+def rows_for(rank: int, counts: np.ndarray) -> torch.Tensor:
+    """What ``rank`` sends: its blocks in destination order."""
+    return rows([(rank, d) for d in range(counts.shape[0])], counts)
 
 
 def expected_for(rank: int, counts: np.ndarray) -> torch.Tensor:
-    out = []
-    for s in range(counts.shape[0]):
-        for i in range(counts[s, rank]):
-            out.append([s, rank, i, s * 1000 + rank * 100 + i])
-    return torch.tensor(out, dtype=torch.float64).view(-1, 4)
+    """What ``rank`` receives: every block for it, in source order."""
+    return rows([(s, rank) for s in range(counts.shape[0])], counts)
 
 
 def main() -> None:

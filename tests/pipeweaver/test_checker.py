@@ -124,23 +124,24 @@ def test_cyclic_wait_is_rejected():
     assert "rank 1 at action 0 'r0:l0F0'" in str(e.value)
 
 
+def _swap_first_two(s: Schedule, rank: int, sends: bool) -> tuple[Schedule, int]:
+    """``s`` with ``rank``'s first two sends (or receives) swapped, and the first's index."""
+    actions = [list(a) for a in s.actions]
+    comms = [k for k, a in enumerate(actions[rank]) if isinstance(a, Comm) and a.is_send == sends]
+    i, j = comms[0], comms[1]
+    actions[rank][i], actions[rank][j] = actions[rank][j], actions[rank][i]
+    return Schedule(s.placement, s.structure, tuple(tuple(a) for a in actions)), i
+
+
 def test_swapped_send_order_is_rejected():
     pl = Placement.baseline(2, {"llm": 2})
     s = one_f_one_b(pl, MicrobatchStructure(3))
-    rank0 = list(s.actions[0])
-    sends = [i for i, a in enumerate(rank0) if isinstance(a, Comm) and a.is_send]
-    i, j = sends[0], sends[1]
-    rank0[i], rank0[j] = rank0[j], rank0[i]  # s1:l0F1 now precedes l0F1's ... and s1:l0F0
-    bad = Schedule(pl, s.structure, (tuple(rank0), s.actions[1]))
+    bad, i = _swap_first_two(s, 0, sends=True)  # s1:l0F1 now precedes l0F1's ... and s1:l0F0
     with pytest.raises(ScheduleError) as e:
         check(bad)
     assert e.value.rank == 0 and e.value.index == i and e.value.action == "s1:l0F1"
     # Sends of tensors in produced order but received out of order: a FIFO mismatch.
-    rank1 = list(s.actions[1])
-    recvs = [k for k, a in enumerate(rank1) if isinstance(a, Comm) and not a.is_send]
-    a, b = recvs[0], recvs[1]
-    rank1[a], rank1[b] = rank1[b], rank1[a]
-    bad = Schedule(pl, s.structure, (s.actions[0], tuple(rank1)))
+    bad, _ = _swap_first_two(s, 1, sends=False)
     with pytest.raises(ScheduleError) as e:
         check(bad)
     assert "no receive" in str(e.value) or "match in order" in str(e.value)
