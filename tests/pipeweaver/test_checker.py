@@ -105,23 +105,25 @@ def test_valid_hand_written_schedule():
     assert s.actions == lower(s.compute_only()).actions
 
 
-def test_missing_recv_is_rejected():
+def _rejection(ranks: list[str], match: str | None = None) -> ScheduleError:
+    """What the checker says of the two-rank schedule ``ranks`` (it must reject it)."""
     pl, st = _small()
-    s = Schedule.from_strings(pl, st, ["l0F0 s1:l0F0 r1:l1B0 l0B0", "l1F0 l1B0 s0:l1B0"])
-    with pytest.raises(ScheduleError) as e:
-        check(s)
-    assert e.value.rank == 1 and e.value.index == 0 and e.value.action == "l1F0"
-    assert "no receive" in str(e.value) and "'l1F0'" in str(e.value)
+    with pytest.raises(ScheduleError, match=match) as e:
+        check(Schedule.from_strings(pl, st, ranks))
+    return e.value
+
+
+def test_missing_recv_is_rejected():
+    err = _rejection(["l0F0 s1:l0F0 r1:l1B0 l0B0", "l1F0 l1B0 s0:l1B0"])
+    assert err.rank == 1 and err.index == 0 and err.action == "l1F0"
+    assert "no receive" in str(err) and "'l1F0'" in str(err)
 
 
 def test_cyclic_wait_is_rejected():
-    pl, st = _small()
     # Rank 0 waits for the gradient before sending the activation rank 1 needs to produce it.
-    s = Schedule.from_strings(pl, st, ["l0F0 r1:l1B0 s1:l0F0 l0B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"])
-    with pytest.raises(ScheduleError, match="deadlock") as e:
-        check(s)
-    assert e.value.rank == 0 and e.value.action == "r1:l1B0"
-    assert "rank 1 at action 0 'r0:l0F0'" in str(e.value)
+    err = _rejection(["l0F0 r1:l1B0 s1:l0F0 l0B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"], "deadlock")
+    assert err.rank == 0 and err.action == "r1:l1B0"
+    assert "rank 1 at action 0 'r0:l0F0'" in str(err)
 
 
 def _swap_first_two(s: Schedule, rank: int, sends: bool) -> tuple[Schedule, int]:
@@ -148,11 +150,10 @@ def test_swapped_send_order_is_rejected():
 
 
 def test_compute_before_its_dependency_is_rejected():
-    pl, st = _small()
-    s = Schedule.from_strings(pl, st, ["l0B0 l0F0 s1:l0F0 r1:l1B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"])
-    with pytest.raises(ScheduleError, match="before its forward") as e:
-        check(s)
-    assert (e.value.rank, e.value.index, e.value.action) == (0, 0, "l0B0")
+    err = _rejection(
+        ["l0B0 l0F0 s1:l0F0 r1:l1B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"], "before its forward"
+    )
+    assert (err.rank, err.index, err.action) == (0, 0, "l0B0")
     pl2 = Placement.baseline(1, {"vision": 1, "llm": 1})
     st2 = MicrobatchStructure(1, {"vision": (1,)})
     s2 = Schedule.from_strings(pl2, st2, ["l0F0 v0F0.0 l0B0 v0B0.0"])
