@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from orchestration.workload import SampleMeta
 
 TRAIN_FLOPS_MULTIPLIER = 3
 """Backward costs twice the forward: gradients w.r.t. inputs and w.r.t. weights."""
@@ -156,13 +156,9 @@ class ModelShape:
         """Training FLOPs of each phase for one sample, packed without padding."""
         out = {"llm": self.phase_flops("llm", [sample.llm_tokens])}
         for phase in self.encoders:
-            units = sample.encoder_units(phase)
-            llm_out = sum(
-                item.llm_tokens
-                for m in MODALITIES
-                if ENCODER_OF_MODALITY[m] == phase
-                for item in sample.items(m)
-            )
+            items = sample.encoder_items(phase)
+            units = [u for item in items for u in item.units]
+            llm_out = sum(item.llm_tokens for item in items)
             out[phase] = self.phase_flops(phase, units, llm_out)
         return out
 

@@ -127,15 +127,15 @@ class SampleMeta:
         """Length of the sample's LLM sequence: text plus every item's LLM tokens."""
         return self.text_tokens + sum(item.llm_tokens for m in MODALITIES for item in self.items(m))
 
-    def encoder_units(self, encoder: str) -> list[int]:
-        """Encoder tokens of every unit this sample gives to ``encoder`` ("vision"/"audio")."""
+    def encoder_items(self, encoder: str) -> list[Item]:
+        """The items this sample gives to ``encoder`` ("vision"/"audio"), in modality order."""
         return [
-            u
-            for m in MODALITIES
-            if ENCODER_OF_MODALITY[m] == encoder
-            for item in self.items(m)
-            for u in item.units
+            item for m in MODALITIES if ENCODER_OF_MODALITY[m] == encoder for item in self.items(m)
         ]
+
+    def encoder_units(self, encoder: str) -> list[int]:
+        """Encoder tokens of every unit this sample gives to ``encoder``."""
+        return [u for item in self.encoder_items(encoder) for u in item.units]
 
     @property
     def modalities(self) -> tuple[str, ...]:

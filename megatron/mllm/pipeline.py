@@ -36,7 +36,7 @@ from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PlacedModel, module_layers
 from orchestration.model_shape import ModelShape
 from orchestration.packing import sub_microbatch_groups
-from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from orchestration.workload import SampleMeta
 from pipeweaver.generators import interleaved_one_f_one_b, one_f_one_b
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
 from pipeweaver.ir import Memory
@@ -217,14 +217,11 @@ class PipelineMicrobatch:
 
 def _encoder_items(samples: Sequence[tuple[SampleMeta, SamplePayload]], encoder: str):
     """``(units, tokens, rows)`` of each item of ``encoder`` in a microbatch, in packing order."""
-    out = []
-    for meta, _ in samples:
-        for m in MODALITIES:
-            if ENCODER_OF_MODALITY[m] != encoder:
-                continue
-            for item in meta.items(m):
-                out.append((len(item.units), item.encoder_tokens, item.llm_tokens))
-    return out
+    return [
+        (len(item.units), item.encoder_tokens, item.llm_tokens)
+        for meta, _ in samples
+        for item in meta.encoder_items(encoder)
+    ]
 
 
 def build_pipeline_microbatch(

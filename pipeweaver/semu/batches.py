@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
-from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
+from orchestration.workload import SampleMeta
 from pipeweaver.dataflow import MicrobatchStructure
 
 
@@ -89,13 +89,7 @@ def pack_microbatch(
     lens += padding_runs(real, pad_to, max_pad_run or pad_to or 1)
     enc_out = {}
     for enc in encoders:
-        items = [
-            item
-            for s in samples
-            for m in MODALITIES
-            if ENCODER_OF_MODALITY[m] == enc
-            for item in s.items(m)
-        ]
+        items = [item for s in samples for item in s.encoder_items(enc)]
         if not items:
             continue
         groups = sub_microbatch_groups(
