@@ -1,57 +1,146 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""SEMU against the trainer itself: the model shape from the same flags, the data order, and
-tools/calibrate.py on a tiny grid (these import torch and megatron-core)."""
+"""SEMU against the trainer itself: the model configs as their descriptions state them, the
+shape overrides, and tools/calibrate.py on a tiny grid (these import torch and megatron-core)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from megatron.mllm.arguments import ConfigError
+from megatron.mllm.config_files import CONFIG_DIR, load_run_config
 from orchestration.calibration import Calibration
-from orchestration.workload import WorkloadGenerator, WorkloadSpec
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.generators import generate
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import step_microbatches, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
-from pipeweaver.semu.model import flags_to_argv, load_model_config, model_from_flags
 from pipeweaver.semu.simulator import Semu
 from pipeweaver.semu.work import ModelCosts
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_CONFIG = REPO / "scripts" / "configs" / "cpu-main.json"
-
-_EXTENSIONS = {"embedding_params": 0, "add_bias_linear": True, "normalization": "LayerNorm"}
 
 
-def _trainer_shape(flags: dict, world_size: int):
-    from megatron.mllm.arguments import parse_arguments
-    from megatron.mllm.config import mllm_config_from_args
+class Module(NamedTuple):
+    """A module as a description states it; None: not stated."""
 
-    argv = flags_to_argv(flags) + ["--train-iters", "1", "--lr", "1e-3"]
-    return mllm_config_from_args(parse_arguments(argv, world_size)).shape()
+    layers: int
+    hidden: int
+    ffn: int | None = None
+    heads: int | None = None
+    groups: int | None = None
+    gated: bool | None = None
+    causal: bool | None = None
+    billions: float | None = None
+    """Parameters, where the description names a count (within 5%). Names of the papers'
+    models ("ViT 5B", "DiT 5B") are not counts: those models are sized only roughly so."""
+
+
+class Described(NamedTuple):
+    """A model config as its description states it."""
+
+    world: int
+    layout: tuple[int, int, int]
+    """TP, PP, virtual stages per pipeline rank."""
+    dtype_bytes: int
+    seq_length: int
+    global_batch: int
+    modules: dict[str, Module]
+    total_billions: float | None = None
+
+
+DESCRIBED = {
+    "cpu-main": Described(1, (1, 1, 1), 4, 256, 16, {
+        "llm": Module(4, 64, heads=4), "vision": Module(2, 64), "audio": Module(2, 64)}),
+    "omni-84b": Described(2560, (8, 4, 1), 2, 8192, 1280, {
+        "llm": Module(80, 8192, billions=72),
+        "vision": Module(45, 3200, 12800, 25, gated=False),
+        "audio": Module(40, 3200, gated=False)}, total_billions=83.8),
+    "slurm-example": Described(4, (2, 2, 1), 2, 8192, 512, {
+        "llm": Module(32, 4096, 4 * 4096, 32), "vision": Module(32, 1280, 4 * 1280, 16),
+        "audio": Module(32, 1280, 4 * 1280, 20)}),
+    "t2v-l": Described(64, (8, 8, 2), 2, 9216, 32, {
+        "llm": Module(48, 6144, 24576, 48, causal=False, billions=30),
+        "vision": Module(64, 5120, billions=32)}),
+    "t2v-s": Described(16, (4, 4, 1), 2, 9216, 32, {
+        "llm": Module(28, 3584, 10240, 28, causal=False), "vision": Module(32, 4096)}),
+    "vlm-l": Described(64, (8, 8, 2), 2, 8192, 32, {
+        "vision": Module(48, 6144, 24576, 48, gated=False, billions=22),
+        "llm": Module(80, 8192, 29568, 64, 8, billions=72)}),
+    "vlm-m": Described(32, (8, 4, 2), 2, 8192, 32, {
+        "vision": Module(63, 1792, gated=False),
+        "llm": Module(64, 5120, 27648, 40, 8, billions=32)}),
+    "vlm-s": Described(16, (4, 4, 2), 2, 8192, 32, {
+        "vision": Module(63, 1792, 15360, 16, gated=False), "llm": Module(32, 4096, billions=8)}),
+}  # fmt: skip
+"""Every model config of ``scripts/configs``, as its ``description`` states it."""
+
+
+def test_every_model_config_is_described():
+    configs = {p.stem for p in CONFIG_DIR.glob("*.json") if "flags" in json.loads(p.read_text())}
+    assert configs == set(DESCRIBED)
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIBED))
+def test_semu_spec_is_the_model_its_description_states(name):
+    want = DESCRIBED[name]
+    spec = load_run_config(name, world_size=want.world).semu
+    p, shape = spec.parallel, spec.shape
+    assert (p.tensor, p.pipeline, p.llm_chunks_per_rank) == want.layout
+    assert shape.params_dtype_bytes == want.dtype_bytes
+    assert (spec.training.seq_length, spec.training.global_batch_size) == (
+        want.seq_length,
+        want.global_batch,
+    )
+    assert set(spec.layers()) == set(want.modules)
+    for module, stated in want.modules.items():
+        s = shape.module(module)
+        got = Module(s.num_layers, s.hidden_size, s.ffn_hidden_size, s.num_attention_heads,
+                     s.num_query_groups, s.gated_mlp, s.causal)  # fmt: skip
+        for field in Module._fields[:-1]:
+            if getattr(stated, field) is not None:
+                assert getattr(got, field) == getattr(stated, field), (module, field)
+        if stated.billions is not None:
+            assert shape.module_params(module) / 1e9 == pytest.approx(stated.billions, rel=0.05)
+    if want.total_billions is not None:
+        assert shape.total_params() / 1e9 == pytest.approx(want.total_billions, rel=0.01)
+
+
+def _config_with(tmp_path: Path, overrides: dict) -> Path:
+    obj = json.loads((CONFIG_DIR / "cpu-main.json").read_text())
+    path = tmp_path / "overridden.json"
+    path.write_text(json.dumps({**obj, "shape_overrides": overrides}))
+    return path
+
+
+def test_shape_overrides_change_semus_shape_only(tmp_path):
+    plain = load_run_config("cpu-main")
+    loaded = load_run_config(
+        _config_with(tmp_path, {"vision": {"gated_mlp": True}, "llm": {"causal": False}})
+    )
+    assert loaded.semu.shape is loaded.shape
+    assert loaded.shape.encoders["vision"].gated_mlp and not loaded.shape.llm.causal
+    assert loaded.shape.encoders["audio"] == plain.shape.encoders["audio"]
+    # A gated MLP has a third matrix: SEMU counts its parameters.
+    assert loaded.shape.module_params("vision") > plain.shape.module_params("vision")
+    # The trainer builds the model of the flags, unchanged.
+    assert loaded.model.shape() == plain.model.shape()
 
 
 @pytest.mark.parametrize(
-    "extra,world",
-    [
-        ({}, 2),
-        ({"swiglu": True, "group-query-attention": True, "num-query-groups": 2, "bf16": True,
-          "projector-type": "affine", "tensor-model-parallel-size": 2, "vision-hidden-size": 48,
-          "audio-num-layers": 0, "ffn-hidden-size": 200}, 2),  # fmt: skip
-    ],
+    "overrides,named",
+    [({"vision": {"gated": True}}, "gated"), ({"video": {"causal": False}}, "video")],
 )
-def test_shape_matches_the_trainers_own(extra, world):
-    flags = {**json.loads(CPU_CONFIG.read_text())["flags"], **extra}
-    mine = model_from_flags(flags).shape
-    theirs = _trainer_shape(flags, world)
-    strip = lambda s: dataclasses.replace(s, **_EXTENSIONS)  # noqa: E731
-    assert strip(mine.llm) == strip(theirs.llm)
-    assert {k: strip(v) for k, v in mine.encoders.items()} == dict(theirs.encoders)
+def test_bad_shape_overrides_name_the_file(tmp_path, overrides, named):
+    path = _config_with(tmp_path, overrides)
+    with pytest.raises(ConfigError) as e:
+        load_run_config(path)
+    assert str(path) in str(e.value) and named in str(e.value)
 
 
 def test_calibrate_quick_grid_and_semu_reads_it(tmp_path):
@@ -63,12 +152,14 @@ def test_calibrate_quick_grid_and_semu_reads_it(tmp_path):
         text=True,
         cwd=REPO,
         timeout=240,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
+        # This checkout's package, whichever checkout the environment installed.
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
+             "PYTHONPATH": str(REPO)},  # fmt: skip
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cal = Calibration.load(out)
     assert set(cal.modules) == {"llm"}
-    spec = load_model_config(CPU_CONFIG)
+    spec = load_run_config("cpu-main").semu
     costs = ModelCosts(spec)
     for module, t in cal.modules.items():
         assert min(t.const_s, t.linear_s, t.quadratic_s, t.per_sequence_s) >= 0

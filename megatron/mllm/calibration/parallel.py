@@ -1,0 +1,275 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The calibration's torch.distributed: its one-rank group and the two-process measurements.
+
+This is the one module of the calibration package that calls torch.distributed itself (the
+trainer's packages leave that to ``megatron.mllm.distributed``, the dispatcher and the
+runtime's p2p): measuring collectives is what it is for.
+
+* :func:`single_rank_group`: the one gloo rank and megatron-core parallel state that the
+  in-process stages build their chunks and the trainer in.
+* :func:`measure_parallel`: the ``parallel`` stage. Two processes (torchrun, gloo, 2 ranks on
+  this host, as the main job runs) run :func:`parallel_worker`: the time of one megatron-core
+  P2P transfer (``P2PCommunicator``, as the baseline schedule sends) per size, the gradient
+  all-reduce per size (DDP's ``finish_grad_sync``), and how much slower a process computes
+  while the other one computes too (``shared_node_slowdown``).
+
+The worker runs as ``python -m megatron.mllm.calibration.parallel --out F --model M ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.mllm import cpu_shim
+from megatron.mllm.batch import thd_params
+from megatron.mllm.calibration.fit import relative_nnls
+from megatron.mllm.calibration.harness import ddp_wrap, engine_backward, measurement_run
+from megatron.mllm.chunks import ChunkId, build_chunk
+from megatron.mllm.cli.launch import REPO, free_port, torchrun_command
+
+WORKER = "megatron.mllm.calibration.parallel"
+"""This module, as torchrun's ``-m`` target."""
+
+
+@contextlib.contextmanager
+def single_rank_group():
+    """torch.distributed (one gloo rank) and megatron-core's parallel state (TP = PP = 1) for
+    the block; yields megatron-core's process groups. A group already started is used and
+    left as it is; one started here is destroyed at the end."""
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group(
+            "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
+        )
+    try:
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(1, 1)
+        cpu_shim.model_parallel_manual_seed(1)
+        yield ProcessGroupCollection.use_mpu_process_groups()
+    finally:
+        if started:
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def measure_parallel(model: str, threads: int, reps: int) -> dict:
+    """Run :func:`parallel_worker` on two torchrun ranks of this host; return its figures.
+
+    Returns:
+        ``{"comm": {...}, "shared_node_slowdown": x, "raw": {...}}``.
+
+    Raises:
+        RuntimeError: the two processes failed (with the end of their stderr).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "parallel.json")
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.setdefault("PYTHONWARNINGS", "ignore")
+        cmd = torchrun_command(
+            2,
+            [
+                "-m",
+                WORKER,
+                "--out",
+                out,
+                "--model",
+                model,
+                "--threads",
+                str(threads),
+                "--reps",
+                str(reps),
+            ],
+        )
+        # From the checkout's root, ``-m`` finds this checkout's package first.
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+        if proc.returncode != 0 or not os.path.isfile(out):
+            raise RuntimeError(f"the two-process measurement failed:\n{proc.stderr[-3000:]}")
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def _allreduce(run, mllm, reps: int) -> tuple[float, float, dict]:
+    """DP = 2: the gradient all-reduce as the trainer runs it, megatron-core DDP's
+    finish_grad_sync (called by finalize_model_grads) on grad buffers of several sizes; its
+    DP = 1 remainder is part of step_s (trainer stage). Fitted as ``2 (n-1) latency +
+    2 (n-1)/n bytes / bandwidth``."""
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.module import MegatronModule
+
+    parallel_state.initialize_model_parallel(1, 1)
+    cpu_shim.model_parallel_manual_seed(1)
+    pg = ProcessGroupCollection.use_mpu_process_groups()
+
+    class Flat(MegatronModule):
+        def __init__(self, numel: int):
+            super().__init__(config=mllm.language)
+            # A dozen tensors, like a layer's: per-tensor work is part of the real buffers.
+            self.params = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.zeros(numel // 12)) for _ in range(12)]
+            )
+
+    sizes = [2**12, 2**16, 2**18, 2**20, 2**22]  # fp32 elements: 16 KiB .. 16 MiB
+    ddps = [ddp_wrap(Flat(s), run, pg) for s in sizes]
+    times = {s: [] for s in sizes}
+    for r in range(reps + 1):
+        for s, ddp in zip(sizes, ddps):
+            for p in ddp.module.parameters():
+                p.main_grad.fill_(1.0)
+            dist.barrier()
+            t = time.perf_counter()
+            ddp.finish_grad_sync()
+            if r:
+                times[s].append(time.perf_counter() - t)
+    nbytes = np.array([4.0 * s for s in sizes])
+    seconds = np.array([statistics.median(times[s]) for s in sizes])
+    n = 2
+    lat, inv_bw = relative_nnls(
+        np.column_stack([np.full_like(nbytes, 2 * (n - 1)), 2 * (n - 1) / n * nbytes]), seconds
+    )
+    del ddps
+    parallel_state.destroy_model_parallel()
+    return float(lat), float(inv_bw), dict(zip(map(str, sizes), seconds.tolist()))
+
+
+def _p2p(mllm, pg, reps: int) -> tuple[float, float, dict]:
+    """PP = 2: megatron-core's P2P communicator, as the baseline 1F1B schedule uses it; a
+    ping-pong of [S, 1, h] activations, one transfer = half a round trip. Fitted as
+    ``latency + bytes / bandwidth``."""
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    rank = dist.get_rank()
+    h, dtype = mllm.language.hidden_size, mllm.language.params_dtype
+    p2p = P2PCommunicator(pg.pp, mllm.language)
+    sizes = [16, 128, 512, 2048]
+    times = {s: [] for s in sizes}
+    for r in range(reps + 1):
+        for s in sizes:
+            shape = (s, 1, h)
+            x = torch.randn(shape, dtype=dtype)
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(4):
+                if rank == 0:
+                    p2p.send_forward(x, False)
+                    p2p.recv_backward(shape, False)
+                else:
+                    y = p2p.recv_forward(shape, False)
+                    p2p.send_backward(y, False)
+            if r:
+                times[s].append((time.perf_counter() - t) / 8)
+    nbytes = np.array([float(s * h * torch.finfo(dtype).bits // 8) for s in sizes])
+    seconds = np.array([statistics.median(times[s]) for s in sizes])
+    lat, inv_bw = relative_nnls(np.column_stack([np.ones_like(nbytes), nbytes]), seconds)
+    return float(lat), float(inv_bw), dict(zip(map(str, sizes), seconds.tolist()))
+
+
+def _paired_compute(run, mllm, pg, reps: int) -> tuple[float, list, list]:
+    """One rank computes alone (the other sleeps: a rank waiting in gloo uses no CPU), then
+    both at once; roles alternate. Work: a layer forward and backward through DDP, the
+    trainer's dominant cost. Returns the slowdown and each rank's solo and paired seconds."""
+    rank = dist.get_rank()
+    h, dtype = mllm.language.hidden_size, mllm.language.params_dtype
+    chunk = build_chunk(mllm, ChunkId("llm", 0, 1), pg)
+    chunk.train()
+    ddp = ddp_wrap(chunk, run, pg)  # noqa: F841  (keeps the hooks)
+    lens = [64, 64, 128]
+    psp = thd_params(lens, torch.device("cpu"))
+
+    def work() -> float:
+        t = time.perf_counter()
+        for _ in range(3):
+            x = torch.randn(sum(lens), 1, h, dtype=dtype, requires_grad=True)
+            out = chunk.run_layers(x, psp)
+            engine_backward(out, torch.ones_like(out))
+        return time.perf_counter() - t
+
+    work()
+    solo, paired = [], []
+    for r in range(4 * reps):
+        for phase in ("solo", "paired"):
+            dist.barrier()
+            active = phase == "paired" or rank == r % 2
+            if active:
+                t = work()
+                (paired if phase == "paired" else solo).append(t)
+            else:
+                time.sleep(0.0)
+            dist.barrier()
+    pair = torch.tensor([statistics.median(solo) if solo else 0.0, statistics.median(paired)])
+    gathered = [torch.zeros(2) for _ in range(2)]
+    dist.all_gather(gathered, pair)
+    slowdown = statistics.mean(float(g[1] / g[0]) for g in gathered if g[0] > 0)
+    return slowdown, [float(g[0]) for g in gathered], [float(g[1]) for g in gathered]
+
+
+def parallel_worker(model: str, out: str, threads: int, reps: int) -> None:
+    """One of two torchrun ranks: all-reduce, P2P and paired-compute timings (rank 0 writes
+    ``out``)."""
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo")
+    loaded = measurement_run(model, world_size=2, pipeline=2)
+    run, mllm = loaded.run, loaded.model
+    ar_lat, ar_inv_bw, ar_raw = _allreduce(run, mllm, reps)
+    parallel_state.initialize_model_parallel(1, 2)
+    cpu_shim.model_parallel_manual_seed(1)
+    pg = ProcessGroupCollection.use_mpu_process_groups()
+    lat, inv_bw, p2p_raw = _p2p(mllm, pg, reps)
+    slowdown, solo, paired = _paired_compute(run, mllm, pg, reps)
+    if dist.get_rank() == 0:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "comm": {
+                        "p2p_latency_s": lat,
+                        "p2p_bandwidth": 1.0 / inv_bw if inv_bw > 0 else 1e12,
+                        "allreduce_latency_s": ar_lat,
+                        "allreduce_bandwidth": 1.0 / ar_inv_bw if ar_inv_bw > 0 else 1e12,
+                    },
+                    "shared_node_slowdown": max(1.0, slowdown),
+                    "raw": {
+                        "p2p_s": p2p_raw,
+                        "allreduce_s": ar_raw,
+                        "solo_s": solo,
+                        "paired_s": paired,
+                    },
+                },
+                f,
+            )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one torchrun rank (:func:`measure_parallel` starts two)."""
+    parser = argparse.ArgumentParser(description="one rank of the two-process calibration")
+    parser.add_argument("--out", required=True, help="JSON that rank 0 writes")
+    parser.add_argument("--model", required=True, help="model config")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--reps", type=int, default=1, help="timed repetitions")
+    args = parser.parse_args(argv)
+    parallel_worker(args.model, args.out, args.threads, args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
