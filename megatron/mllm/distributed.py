@@ -77,6 +77,13 @@ def sum_over_group(tensor: torch.Tensor, group) -> torch.Tensor:
     return tensor
 
 
+def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape on every rank), in rank order."""
+    out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor, group=group)
+    return out
+
+
 def barrier() -> None:
     """Wait for every rank (checkpoint files are complete only after it)."""
     dist.barrier()

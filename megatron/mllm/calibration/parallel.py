@@ -1,9 +1,9 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The calibration's torch.distributed: its one-rank group and the two-process measurements.
 
-This is the one module of the calibration package that calls torch.distributed itself (the
-trainer's packages leave that to ``megatron.mllm.distributed``, the dispatcher and the
-runtime's p2p): measuring collectives is what it is for.
+This is the one module of the calibration package that starts and stops process groups; the
+collectives it calls besides those it measures (barriers, gathering the figures) are
+``megatron.mllm.distributed``'s, as everywhere in the packages.
 
 * :func:`single_rank_group`: the one gloo rank and megatron-core parallel state that the
   in-process stages build their chunks and the trainer in.
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.mllm import cpu_shim
+from megatron.mllm import cpu_shim, distributed
 from megatron.mllm.batch import thd_params
 from megatron.mllm.calibration.fit import relative_nnls
 from megatron.mllm.calibration.harness import ddp_wrap, engine_backward, measurement_run
@@ -132,7 +132,7 @@ def _allreduce(run, mllm, reps: int) -> tuple[float, float, dict]:
         for s, ddp in zip(sizes, ddps):
             for p in ddp.module.parameters():
                 p.main_grad.fill_(1.0)
-            dist.barrier()
+            distributed.barrier()
             t = time.perf_counter()
             ddp.finish_grad_sync()
             if r:
@@ -163,7 +163,7 @@ def _p2p(mllm, pg, reps: int) -> tuple[float, float, dict]:
         for s in sizes:
             shape = (s, 1, h)
             x = torch.randn(shape, dtype=dtype)
-            dist.barrier()
+            distributed.barrier()
             t = time.perf_counter()
             for _ in range(4):
                 if rank == 0:
@@ -204,17 +204,16 @@ def _paired_compute(run, mllm, pg, reps: int) -> tuple[float, list, list]:
     solo, paired = [], []
     for r in range(4 * reps):
         for phase in ("solo", "paired"):
-            dist.barrier()
+            distributed.barrier()
             active = phase == "paired" or rank == r % 2
             if active:
                 t = work()
                 (paired if phase == "paired" else solo).append(t)
             else:
                 time.sleep(0.0)
-            dist.barrier()
+            distributed.barrier()
     pair = torch.tensor([statistics.median(solo) if solo else 0.0, statistics.median(paired)])
-    gathered = [torch.zeros(2) for _ in range(2)]
-    dist.all_gather(gathered, pair)
+    gathered = distributed.all_gather(pair)
     slowdown = statistics.mean(float(g[1] / g[0]) for g in gathered if g[0] > 0)
     return slowdown, [float(g[0]) for g in gathered], [float(g[1]) for g in gathered]
 
@@ -255,7 +254,7 @@ def parallel_worker(model: str, out: str, threads: int, reps: int) -> None:
                 },
                 f,
             )
-    dist.barrier()
+    distributed.barrier()
     dist.destroy_process_group()
 
 
