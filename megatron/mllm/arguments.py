@@ -139,10 +139,12 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
 
 
 def check_required(args: argparse.Namespace) -> None:
-    """Reject a run without the flags OrchWeave cannot default, naming them.
+    """Reject a run without a flag that has no default, naming it.
 
     Runs before Megatron's validation, whose bare asserts would fail on them with no message.
     """
+    if args.micro_batch_size is None:
+        raise ConfigError("--micro-batch-size is required")
     if args.seq_length is None:
         raise ConfigError("--seq-length is required")
     if args.vocab_size is None:
