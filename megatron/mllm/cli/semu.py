@@ -44,7 +44,6 @@ import argparse
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from megatron.mllm import logs
@@ -145,11 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cluster(path: Path) -> ClusterSpec:
-    with open(path, encoding="utf-8") as f:
-        return ClusterSpec.from_json(json.load(f), where=str(path))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the tool.
 
@@ -166,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron.mllm.config_files import find_config, load_run_config, set_flags
 
     try:
-        cluster = _cluster(find_config(args.cluster))
+        cluster = ClusterSpec.load(find_config(args.cluster))
         # The cluster's devices are the run's processes: they fix DP and the checks on it.
         spec = load_run_config(
             args.model, set_flags(parse_sets(args.set)), world_size=cluster.num_devices
