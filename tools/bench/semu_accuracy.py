@@ -180,24 +180,11 @@ def memory_run(run: Run, config: LoadedConfig, iters: int, workdir: Path) -> dic
         os.environ, SEMU_MEMORY_OUT=str(out), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
     )
     env.setdefault("PYTHONWARNINGS", "ignore")
-    cmd = torchrun_command(
-        run.nproc,
-        [
-            str(REPO / "tools" / "bench" / "semu_memory_probe.py"),
-            "--distributed-backend",
-            "gloo",
-            "--transformer-impl",
-            "local",
-            "--lr",
-            "1e-3",
-            *config.argv,
-            # After the config's flags: the later of two equal flags wins.
-            "--train-iters",
-            str(iters),
-            "--log-interval",
-            str(iters),
-        ],
-    )
+    probe = REPO / "tools" / "bench" / "semu_memory_probe.py"
+    # The iteration flags after the config's: the later of two equal flags wins.
+    cmd = torchrun_command(run.nproc, [
+        str(probe), "--distributed-backend", "gloo", "--transformer-impl", "local", "--lr", "1e-3",
+        *config.argv, "--train-iters", str(iters), "--log-interval", str(iters)])  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
         sys.exit(f"error: memory run {run.name} failed:\n{proc.stderr[-3000:]}")

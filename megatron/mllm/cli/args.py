@@ -8,10 +8,13 @@ usage, for a bad argument) and exit status :data:`EXIT_ERROR`.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, NoReturn
 
+from megatron.mllm import logs
 from megatron.mllm.cli.launch import REPO
 
 EXIT_ERROR = 2
@@ -43,6 +46,19 @@ class ToolParser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(EXIT_ERROR)
+
+
+def quiet_config_files() -> ModuleType:
+    """:mod:`megatron.mllm.config_files`, imported once the log is quiet.
+
+    Parsing a config imports megatron-core, whose import warnings (and torch's note on CUDA)
+    are not a tool's output: they go to the debug log, as in the trainer's quiet log, and
+    stderr keeps the one ``error:`` line.
+    """
+    logs.configure(logging.WARNING)
+    from megatron.mllm import config_files
+
+    return config_files
 
 
 def report_error(message: str) -> int:

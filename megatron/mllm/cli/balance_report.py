@@ -62,12 +62,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import Any, Sequence
 
-from megatron.mllm import logs
 from megatron.mllm.arguments import ONE_REPLICA, ConfigError
-from megatron.mllm.cli.args import ToolParser, number, report_error
+from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
 from orchestration.balance import InfeasibleCapError
 from orchestration.balance_report import compare_algorithms
 from orchestration.calibration import Calibration
@@ -148,10 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _model_flags(args: argparse.Namespace) -> list[str]:
-    """The model flags given, as trainer flags after the config's."""
-    from megatron.mllm.config_files import set_flags
-
+def _model_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The model flags given, as ``set_flags`` pairs."""
     overrides: dict[str, Any] = {
         name: getattr(args, name) for name, _ in _MODEL_FLAGS if getattr(args, name) is not None
     }
@@ -159,7 +155,7 @@ def _model_flags(args: argparse.Namespace) -> list[str]:
         overrides["group_query_attention"] = True
     if args.swiglu:
         overrides["swiglu"] = True
-    return set_flags(overrides)
+    return overrides
 
 
 def _format_table(report: dict[str, Any]) -> str:
@@ -191,7 +187,7 @@ def _format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the tool.
+    """Print every algorithm's balance of the batch the arguments describe.
 
     Args:
         argv: the arguments, without the program name; None reads ``sys.argv``.
@@ -200,14 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0, or 2 on a user error.
     """
     args = build_parser().parse_args(argv)
-    # Before megatron.mllm.config_files imports megatron-core: its import warnings and torch's
-    # note on CUDA are not the report's.
-    logs.configure(logging.WARNING)
-    from megatron.mllm.config_files import load_run_config
-
+    configs = quiet_config_files()
     try:
         # One model replica: the report's DP is --dp, not the config's layout.
-        model = load_run_config(args.model, _model_flags(args), world_size=ONE_REPLICA)
+        extra = configs.set_flags(_model_flags(args))
+        model = configs.load_run_config(args.model, extra, world_size=ONE_REPLICA)
         token_scale = args.token_scale
         if token_scale is None:
             # The config's scale is for its generated workload; a JSONL file is not scaled.

@@ -42,12 +42,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 from typing import Any, Sequence
 
-from megatron.mllm import logs
-from megatron.mllm.cli.args import ToolParser, report_error
+from megatron.mllm.cli.args import ToolParser, quiet_config_files, report_error
 from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadError
 from pipeweaver.ir import ScheduleError
@@ -145,26 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the tool.
+    """Simulate the step the arguments describe; print its summary, or JSON with ``--json``.
 
     Args:
-        argv: the arguments, without the program name; None reads ``sys.argv``.
+        argv: command-line arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0, or 2 on a user error.
+        0; 2 after an ``error:`` line.
     """
     args = build_parser().parse_args(argv)
-    # Before megatron.mllm.config_files imports megatron-core: its import warnings and torch's
-    # note on CUDA are not the tool's output.
-    logs.configure(logging.WARNING)
-    from megatron.mllm.config_files import find_config, load_run_config, set_flags
-
+    configs = quiet_config_files()
     try:
-        cluster = ClusterSpec.load(find_config(args.cluster))
+        cluster = ClusterSpec.load(configs.find_config(args.cluster))
         # The cluster's devices are the run's processes: they fix DP and the checks on it.
-        spec = load_run_config(
-            args.model, set_flags(parse_sets(args.set)), world_size=cluster.num_devices
-        ).semu
+        extra = configs.set_flags(parse_sets(args.set))
+        spec = configs.load_run_config(args.model, extra, world_size=cluster.num_devices).semu
         calibration = Calibration.load(args.calibration) if args.calibration else None
         schedules, mbs, info = build_step(
             spec,

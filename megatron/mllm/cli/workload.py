@@ -18,20 +18,10 @@ item, encoder-unit, encoder-token and LLM-token counts (mean and tail), the LLM 
 length, the modality combinations by share, the spread of each modality's share of a
 sample's LLM tokens, and the observed share of each spec component.
 
-``--json`` prints the same content as one JSON object, with these keys::
-
-    source:                       # where the samples came from
-      kind: "spec" | "jsonl"
-      argument: str               # SPEC_OR_JSONL as given
-      name: str                   # spec only: the spec's name
-      seed: int                   # spec only
-      token_scale: float          # spec only
-      max_sequence_tokens: int    # spec only: the per-sample LLM cap, scaled
-      components: [{name: str, weight: float}]   # spec only: normalised weights
-    stats: {...}                  # orchestration.workload_stats.workload_stats(samples)
-
-(:func:`orchestration.workload_report.workload_report`; the text is its
-:func:`~orchestration.workload_report.format_report`.)
+``--json`` prints the same content as one JSON object: ``source`` (``kind`` ``"spec"`` or
+``"jsonl"``, ``argument``; for a spec also ``name``, ``seed``, ``token_scale``,
+``max_sequence_tokens`` and ``components``) and ``stats``, laid out in
+:mod:`orchestration.workload_report`.
 
 ``--emit-jsonl N`` writes ``N`` generated samples of a spec, one JSON line each, in the form
 that `orchestration.workload.read_jsonl` reads back.
