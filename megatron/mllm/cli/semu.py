@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: command-line arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        0; 2 after an ``error:`` line.
+        The exit status: 0, or 2 after an ``error:`` line.
     """
     args = build_parser().parse_args(argv)
     configs = quiet_config_files()
