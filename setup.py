@@ -19,10 +19,21 @@ setup(
     python_requires=">=3.12",
     packages=find_namespace_packages(include=["megatron.mllm*", "orchestration*", "pipeweaver*"]),
     package_data={"orchestration": ["workloads/*.json"]},
-    install_requires=["megatron-core==0.19.2", "numpy", "matplotlib", "highspy"],
+    install_requires=["megatron-core==0.19.2", "numpy"],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6"],
+        # Imported only where used, with an error naming the extra when missing.
+        "ilp": ["highspy"],  # the ILP lower bound of orchestration.bounds
+        "plots": ["matplotlib"],  # SEMU's PNG timeline
+        # The tests exercise both optional paths.
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "highspy", "matplotlib"],
         "gpu": ["transformer-engine[pytorch]"],
     },
-    scripts=[],
+    entry_points={
+        "console_scripts": [
+            "orchweave-semu = megatron.mllm.cli.semu:main",
+            "orchweave-workload = megatron.mllm.cli.workload:main",
+            "orchweave-balance-report = megatron.mllm.cli.balance_report:main",
+            "orchweave-calibrate = megatron.mllm.cli.calibrate:main",
+        ]
+    },
 )

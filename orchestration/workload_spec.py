@@ -338,7 +338,7 @@ class SampleStream:
         self.workload = os.fspath(workload)
         self._samples: list[SampleMeta] | None = None
         self._generator: WorkloadGenerator | None = None
-        if self.workload.endswith(".jsonl"):
+        if self.is_metadata_file(self.workload):
             if token_scale != 1.0:
                 raise WorkloadError("--workload-token-scale applies to specs, not to JSONL files")
             self._samples = read_jsonl(self.workload)
@@ -346,6 +346,14 @@ class SampleStream:
             self._generator = WorkloadGenerator(
                 WorkloadSpec.load(self.workload), seed=seed, token_scale=token_scale
             )
+
+    @staticmethod
+    def is_metadata_file(workload: str | os.PathLike) -> bool:
+        """Whether ``workload`` names a JSONL metadata file (else a spec), before opening it.
+
+        For the checks of flags that apply to one kind only (a seed, a token scale).
+        """
+        return os.fspath(workload).endswith(".jsonl")
 
     @property
     def generator(self) -> WorkloadGenerator | None:

@@ -36,6 +36,11 @@ class ConfigError(ValueError):
     """A flag, or a combination of flags, that cannot work; the message names them."""
 
 
+ONE_REPLICA = 0
+"""``world_size`` for a model looked at without a cluster (reports, tests): one model replica,
+TP x PP x CP processes, so the data-parallel size is 1."""
+
+
 class _EncoderGroupFactory:
     """Builds one encoder's group from :class:`EncoderArgs`: field ``num_layers`` of the vision
     encoder becomes ``--vision-num-layers`` (dest ``vision_num_layers``)."""
@@ -80,7 +85,8 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
 
     Args:
         argv: command-line arguments without the program name; default ``sys.argv[1:]``.
-        world_size: number of processes; default ``$WORLD_SIZE`` (as torchrun sets it) or 1.
+        world_size: number of processes; default ``$WORLD_SIZE`` (as torchrun sets it) or 1;
+            :data:`ONE_REPLICA` for exactly one model replica.
 
     Returns:
         argparse.Namespace: validated arguments, Megatron's and ours.
@@ -109,9 +115,16 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
                 sys.__stdout__.write(printed.getvalue())
                 printed = io.StringIO()
                 raise
-            args.world_size = (
-                world_size if world_size is not None else int(os.getenv("WORLD_SIZE", "1"))
-            )
+            if world_size is None:
+                world_size = int(os.getenv("WORLD_SIZE", "1"))
+            if world_size == ONE_REPLICA:
+                world_size = (
+                    args.tensor_model_parallel_size
+                    * args.pipeline_model_parallel_size
+                    * args.context_parallel_size
+                )
+            args.world_size = world_size
+            check_required(args)
             check_layout(args)
             try:
                 validate_args(args, {})
@@ -126,6 +139,19 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
             logger.debug("%s", printed.getvalue().rstrip("\n"))
     finish_arguments(args)
     return args
+
+
+def check_required(args: argparse.Namespace) -> None:
+    """Reject a run without a flag that has no default, naming it.
+
+    Runs before Megatron's validation, whose bare asserts would fail on them with no message.
+    """
+    if args.micro_batch_size is None:
+        raise ConfigError("--micro-batch-size is required")
+    if args.seq_length is None:
+        raise ConfigError("--seq-length is required")
+    if args.vocab_size is None:
+        raise ConfigError("--vocab-size is required (OrchWeave trains on synthetic token ids)")
 
 
 def check_layout(args: argparse.Namespace) -> None:
@@ -159,10 +185,6 @@ def check_layout(args: argparse.Namespace) -> None:
 def finish_arguments(args: argparse.Namespace) -> None:
     """Check our flags and derive their defaults, and the fields Megatron derives from a
     tokenizer, in place."""
-    if args.seq_length is None:
-        raise ConfigError("--seq-length is required")
-    if args.vocab_size is None:
-        raise ConfigError("--vocab-size is required (OrchWeave trains on synthetic token ids)")
     decay = args.lr_decay_iters or args.train_iters
     if args.lr_warmup_fraction is None and decay is not None and args.lr_warmup_iters >= decay:
         raise ConfigError(

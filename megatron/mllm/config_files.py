@@ -87,7 +87,8 @@ def load_run_config(
         name_or_path: the JSON file, or its name in ``scripts/configs``.
         extra_flags: flags after the file's (later flags win, as on a command line), e.g.
             ``["--pipeline-model-parallel-size 2"]``.
-        world_size: processes (GPUs) of the run: fixes the data-parallel size.
+        world_size: processes (GPUs) of the run: fixes the data-parallel size;
+            :data:`~megatron.mllm.arguments.ONE_REPLICA` for one model replica (DP = 1).
 
     Raises:
         ConfigError: missing or malformed file, or flags that cannot work, naming the file.

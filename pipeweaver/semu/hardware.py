@@ -15,6 +15,8 @@ peaks are placeholders until ``tools/calibrate.py`` fills them: a calibration fi
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -237,3 +239,14 @@ class ClusterSpec:
             raise ValueError(f"{where}: num_devices and devices_per_node must be >= 1")
         eff = Efficiency().replace(**obj.get("efficiency", {}))
         return cls(device, num, per_node, eff, str(obj.get("name", name)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ClusterSpec":
+        """Read a cluster config file (``scripts/configs/h100-2560.json``).
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: malformed JSON or config, naming the file.
+        """
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(json.load(f), where=os.fspath(path))

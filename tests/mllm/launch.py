@@ -4,20 +4,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CPU_MAIN_JOB = REPO / "scripts" / "pretrain_mllm_cpu.sh"
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port, torchrun_command
 
 
 def _env() -> dict[str, str]:
@@ -44,25 +35,14 @@ def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.C
 
 def torchrun(nproc: int, script: str | Path, args: list[str], timeout: float = 240):
     """``torchrun --nproc-per-node nproc script args`` on a free port."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-port",
-        str(free_port()),
-        str(script),
-        *args,
-    ]
-    return run(cmd, timeout)
+    return run(torchrun_command(nproc, [str(script), *args]), timeout)
 
 
 def main_job(nproc: int, args: list[str], timeout: float = 300):
     """The README's main job (scripts/pretrain_mllm_cpu.sh) with extra arguments."""
     env = _env()
     env.update(PYTHON=sys.executable, NPROC=str(nproc), MASTER_PORT=str(free_port()))
-    return run(["bash", str(CPU_MAIN_JOB), *args], timeout, env=env)
+    return run(["bash", str(MAIN_JOB), *args], timeout, env=env)
 
 
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -781,7 +781,9 @@ def test_workload_stats_sees_modality_incoherence():
 
 
 def run_tool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The tool imports its code as the installed package; PYTHONPATH names this checkout, so
+    # that it runs this checkout's code wherever the venv's editable install points.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, str(TOOL), *args],
         cwd=cwd,

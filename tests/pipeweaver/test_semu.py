@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megatron.mllm.arguments import ONE_REPLICA
+from megatron.mllm.config_files import flag_argv, run_from_flags, set_flags
 from orchestration.calibration import Calibration, LayerTimeModel
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 from pipeweaver.checker import check
@@ -20,7 +24,7 @@ from pipeweaver.ir import Kind
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, step_microbatches, structure_of
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import model_from_flags
+from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.reuse import ReuseCache
 from pipeweaver.semu.simulator import Semu
 from pipeweaver.semu.timing import ComputeCost
@@ -31,6 +35,7 @@ CPU_FLAGS = {
     "hidden-size": 64,
     "num-attention-heads": 4,
     "seq-length": 256,
+    "max-position-embeddings": 256,
     "vocab-size": 512,
     "vision-num-layers": 2,
     "vision-patch-size": 4,
@@ -42,6 +47,18 @@ CPU_FLAGS = {
     "hidden-dropout": 0,
     "attention-dropout": 0,
 }
+
+
+@functools.cache
+def _parsed(flags: tuple[tuple[str, Any], ...]) -> ModelSpec:
+    return run_from_flags(flag_argv(set_flags(dict(flags))), ONE_REPLICA).semu
+
+
+def model_spec(flags: dict[str, Any]) -> ModelSpec:
+    """SEMU's spec of trainer flags, read by the trainer's parser as one model replica
+    (TP x PP processes: these tests simulate without a cluster config). Cached, as a parse
+    costs a fraction of a second and the specs are frozen."""
+    return _parsed(tuple(sorted(flags.items())))
 
 
 def _cluster(n: int, free_comm: bool = False, device: str = "h100-sxm") -> ClusterSpec:
@@ -65,7 +82,7 @@ def _uniform_mbs(m: int, llm=(100,), enc=None) -> list[MicrobatchMeta]:
 @pytest.mark.parametrize("f,b", [(1.0, 2.0), (1.0, 1.0), (0.3, 0.7)])
 def test_1f1b_uniform_bubble_closed_form(p, m, f, b):
     """Equal F and B on every stage, free communication: bubble = (p-1)/(m+p-1) exactly."""
-    spec = model_from_flags(
+    spec = model_spec(
         {**CPU_FLAGS, "vision-num-layers": 0, "audio-num-layers": 0, "num-layers": 2 * p,
          "pipeline-model-parallel-size": p}  # fmt: skip
     )
@@ -88,7 +105,7 @@ def test_1f1b_uniform_bubble_closed_form(p, m, f, b):
 
 def test_no_cross_rank_dependencies_take_the_max_of_per_rank_sums():
     """PP = 1, DP = 3: independent ranks; the pipeline part is the slowest rank's sum."""
-    spec = model_from_flags(CPU_FLAGS)
+    spec = model_spec(CPU_FLAGS)
     semu = Semu(spec, _cluster(3, free_comm=True))
     gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=5, token_scale=1 / 32)
     enc = list(spec.shape.encoders)
@@ -135,7 +152,7 @@ def _metas(raw):
 @given(mb_strategy, st.integers(0, 2), st.integers(0, 4), st.integers(1, 50), st.booleans())
 @settings(max_examples=60, deadline=None)
 def test_more_work_never_predicts_less_time(raw, which, mb_pick, extra, calibrated):
-    spec = model_from_flags({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
+    spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
     cal = None
     if calibrated:
         table = LayerTimeModel(1e-4, 2e-6, 1e-9, 2.0, 1e-7, per_sequence_s=5e-5)
@@ -168,7 +185,7 @@ def test_more_work_never_predicts_less_time(raw, which, mb_pick, extra, calibrat
 def _omni_step(pp: int, dp: int, schedule: str, sub_tokens=None):
     flags = {**CPU_FLAGS, "pipeline-model-parallel-size": pp, "global-batch-size": 8 * dp,
              "vision-num-layers": max(2, pp), "audio-num-layers": max(2, pp)}  # fmt: skip
-    spec = model_from_flags(flags)
+    spec = model_spec(flags)
     cluster = _cluster(pp * dp)
     gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=3, token_scale=1 / 32)
     enc = list(spec.shape.encoders)
@@ -205,14 +222,14 @@ def test_reuse_changes_no_result(pp, dp, schedule, subs):
     # Another cost model sharing the cache never hits the first one's entries.
     other_flags = {**CPU_FLAGS, "hidden-size": 128, "pipeline-model-parallel-size": pp}
     other_flags["global-batch-size"] = 8 * dp
-    other = Semu(model_from_flags(other_flags), cluster, cache=shared)
+    other = Semu(model_spec(other_flags), cluster, cache=shared)
     before = shared.hits["timeline"]
     other.simulate_step(scheds, mbs)
     assert shared.hits["timeline"] == before
 
 
 def test_interleaved_and_memory_figures():
-    spec = model_from_flags({**CPU_FLAGS, "pipeline-model-parallel-size": 2, "bf16": True})
+    spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2, "bf16": True})
     pl = Placement.baseline(2, spec.layers(), llm_chunks_per_rank=2)
     mbs = _uniform_mbs(4, llm=(200, 56), enc={"vision": (SubBatch((64, 64), 32),)})
     sched = interleaved_one_f_one_b(pl, structure_of(mbs, ["vision", "audio"]))
@@ -262,7 +279,7 @@ def test_png_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
 
 def test_reuse_across_replicas_with_shared_microbatches():
     """Equal microbatches inside different step structures (regression: graph ids)."""
-    spec = model_from_flags({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
+    spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
     a = MicrobatchMeta((100,), 100, {"vision": (SubBatch((16,), 4),)}, 1.0, 1)
     b = MicrobatchMeta((80,), 80, {"audio": (SubBatch((30,), 8),)}, 1.0, 1)
     c = MicrobatchMeta((60, 20), 80, {}, 1.0, 2)
@@ -300,7 +317,7 @@ def test_comm_and_compute_cost_formulas():
     assert comm.all_to_all(inside) == pytest.approx(7e6 / bw_in + dev.intra_node_latency_s)
     assert comm.all_to_all(across) == pytest.approx(8e6 / bw_out + dev.inter_node_latency_s)
     # Stage costs: roofline, TP collectives, recompute, offload.
-    spec = model_from_flags({**CPU_FLAGS, "bf16": True})
+    spec = model_spec({**CPU_FLAGS, "bf16": True})
     cm = TimeModel(spec, cl)
     f = cm.compute_cost("llm", 1, 3, "F", "none", [200, 56])
     b = cm.compute_cost("llm", 1, 3, "B", "none", [200, 56])
@@ -315,9 +332,7 @@ def test_comm_and_compute_cost_formulas():
         w.attention_flops / cm.attention_rate, w.attention_bytes / cm.memory_rate
     )
     assert f.time_s == pytest.approx(expected)
-    tp2 = TimeModel(
-        model_from_flags({**CPU_FLAGS, "bf16": True, "tensor-model-parallel-size": 2}), cl
-    )
+    tp2 = TimeModel(model_spec({**CPU_FLAGS, "bf16": True, "tensor-model-parallel-size": 2}), cl)
     f2 = tp2.compute_cost("llm", 1, 3, "F", "none", [200, 56])
     w2 = tp2.costs.compute_work("llm", 1, 3, "F", "none", [200, 56])
     assert w2.tp_collectives == 4 and w2.linear_flops == pytest.approx(w.linear_flops / 2)
@@ -356,9 +371,7 @@ def test_balancer_traffic_and_memory_cap_from_costs():
 def test_compute_only_and_lowered_orders_simulate_alike():
     """Encoders interleaved over all ranks, several subs: LLM chunk 0's gradient goes back in
     parts over the same links; both forms of the schedule give the same timeline."""
-    spec = model_from_flags(
-        {**CPU_FLAGS, "pipeline-model-parallel-size": 2, "vision-num-layers": 4}
-    )
+    spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2, "vision-num-layers": 4})
     pl = Placement.interleaved(2, spec.layers(), {"vision": 2})
     mbs = [
         MicrobatchMeta((120, 30), 150, {"vision": (SubBatch((16, 16), 8), SubBatch((64,), 16)),

@@ -1,5 +1,5 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""tools/semu.py and the configs in scripts/configs (no torch needed)."""
+"""tools/semu.py and the configs in scripts/configs, read by the trainer's parser."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from megatron.mllm.arguments import ONE_REPLICA, ConfigError
+from megatron.mllm.config_files import flag_argv, load_run_config, run_from_flags, set_flags
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
-from pipeweaver.semu.model import ModelConfigError, load_model_config, model_from_flags
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "scripts" / "configs"
@@ -83,7 +84,7 @@ EXPECTED_PARAMS = {  # billions: the paper's names, within the stated assumption
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_PARAMS))
 def test_paper_configs_load(name):
-    spec = load_model_config(CONFIGS / f"{name}.json")
+    spec = load_run_config(CONFIGS / f"{name}.json", world_size=ONE_REPLICA).semu
     lo, hi = EXPECTED_PARAMS[name]
     assert lo <= spec.shape.total_params() / 1e9 <= hi
     assert spec.shape.params_dtype_bytes == 2 and spec.parallel.sequence_parallel
@@ -99,14 +100,19 @@ def test_cluster_configs_load():
         ClusterSpec.from_json({"device": "tpu", "num_devices": 1})
 
 
+def _spec(flags: dict):
+    return run_from_flags(flag_argv(set_flags(flags))).semu
+
+
 def test_model_flags_follow_megatron_defaults():
-    spec = model_from_flags({"num-layers": 2, "hidden-size": 96, "num-attention-heads": 4,
-                             "seq-length": 64, "vocab-size": 1000, "swiglu": True})  # fmt: skip
+    # Megatron's validation needs a micro batch and --max-position-embeddings.
+    required = {"micro-batch-size": 1, "max-position-embeddings": 64}
+    spec = _spec({"num-layers": 2, "hidden-size": 96, "num-attention-heads": 4,
+                  "seq-length": 64, "vocab-size": 1000, "swiglu": True, **required})  # fmt: skip
     assert spec.shape.llm.ffn_hidden_size == int((4 * 96 * 2 / 3) / 64) * 64
     assert spec.shape.llm.output_flops_per_token == 2 * 96 * 1024  # vocab padded to 128
     assert spec.shape.encoders["vision"].gated_mlp  # encoders follow --swiglu, as the trainer
     assert spec.shape.encoders["audio"].num_layers == 2  # OrchWeave's default
-    with pytest.raises(ModelConfigError, match="--seq-length"):
-        model_from_flags(
-            {"num-layers": 2, "hidden-size": 8, "num-attention-heads": 2, "vocab-size": 9}
-        )
+    with pytest.raises(ConfigError, match="--seq-length"):
+        _spec({"num-layers": 2, "hidden-size": 8, "num-attention-heads": 2, "vocab-size": 9,
+               **required})  # fmt: skip

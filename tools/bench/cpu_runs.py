@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port
 
 
 def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2) -> list[dict]:
@@ -32,10 +23,10 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2) -> lis
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         env = dict(
-            os.environ, PYTHON=sys.executable, NPROC=str(nproc), MASTER_PORT=str(_free_port())
+            os.environ, PYTHON=sys.executable, NPROC=str(nproc), MASTER_PORT=str(free_port())
         )
         env.setdefault("PYTHONWARNINGS", "ignore")
-        cmd = ["bash", str(REPO / "scripts" / "pretrain_mllm_cpu.sh"), *flags,
+        cmd = ["bash", str(MAIN_JOB), *flags,
                "--train-iters", str(iters), "--log-interval", str(iters),
                "--metrics-jsonl", str(metrics)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)

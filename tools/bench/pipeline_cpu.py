@@ -21,13 +21,12 @@ Ends with one line ``dynamic_over_megatron_throughput: R``.
 from __future__ import annotations
 
 import argparse
-import json
 
-from cpu_runs import REPO, run_main_job, summarize
+from cpu_runs import run_main_job, summarize
 
+from megatron.mllm.config_files import find_config, load_run_config, set_flags
 from orchestration.calibration import Calibration
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import load_model_config
 from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
@@ -43,12 +42,12 @@ def semu_step_times(
 ) -> float:
     """Summed SEMU step time of the iterations, for one schedule of the PP=2 main job (the
     microbatches the trainer runs, as tools/semu.py builds them)."""
-    spec = load_model_config(
-        REPO / "scripts" / "configs" / "cpu-main.json",
-        {"pipeline-model-parallel-size": 2, "workload": workload},
-    )
-    with open(REPO / "scripts" / "configs" / "cpu-2ranks.json", encoding="utf-8") as f:
-        cluster = ClusterSpec.from_json(json.load(f))
+    cluster = ClusterSpec.load(find_config("cpu-2ranks"))
+    spec = load_run_config(
+        "cpu-main",
+        set_flags({"pipeline-model-parallel-size": 2, "workload": workload}),
+        world_size=cluster.num_devices,
+    ).semu
     semu = Semu(spec, cluster, Calibration.load(calibration))
     total = 0.0
     for it in iterations:

@@ -28,27 +28,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for p in (_REPO, os.path.join(_REPO, "tools")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import numpy as np
 
-import numpy as np  # noqa: E402
-from tool_args import find_config  # noqa: E402
-
-from orchestration.balance import balance, max_over_mean  # noqa: E402
-from orchestration.bounds import lower_bound  # noqa: E402
-from orchestration.cost_model import CostModel  # noqa: E402
-from orchestration.metadata import GatheredMetadata, encode_rank_metadata, phase_items  # noqa: E402
-from orchestration.phase_plan import plan_iteration  # noqa: E402
-from orchestration.sample_plan import sample_phase_costs  # noqa: E402
-from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs  # noqa: E402
-from pipeweaver.semu.model import load_model_config  # noqa: E402
+from megatron.mllm.arguments import ONE_REPLICA
+from megatron.mllm.config_files import load_run_config
+from orchestration.balance import balance, max_over_mean
+from orchestration.bounds import lower_bound
+from orchestration.cost_model import CostModel
+from orchestration.metadata import GatheredMetadata, encode_rank_metadata, phase_items
+from orchestration.phase_plan import plan_iteration
+from orchestration.sample_plan import sample_phase_costs
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec, builtin_specs
 
 SAMPLES_PER_RANK = 8
 """Samples each DP rank loads."""
@@ -121,9 +115,12 @@ def main() -> None:
     ap.add_argument("--token-scale", type=float, default=None, help="default: the config's")
     ap.add_argument("--json", help="also write every number to this JSON file")
     args = ap.parse_args()
-    spec = load_model_config(find_config(args.model))
-    scale = spec.training.workload_token_scale if args.token_scale is None else args.token_scale
-    cost_model = CostModel.build(spec.shape)
+    # One model replica: the DP sizes benchmarked are --dp, not the config's layout.
+    model = load_run_config(args.model, world_size=ONE_REPLICA)
+    scale = (
+        model.run.workload.workload_token_scale if args.token_scale is None else args.token_scale
+    )
+    cost_model = CostModel.build(model.shape)
     rows = []
     for spec in args.specs or builtin_specs():
         gen = WorkloadGenerator(WorkloadSpec.load(spec), seed=0, token_scale=scale)

@@ -24,13 +24,13 @@ import argparse
 import numpy as np
 from cpu_runs import run_main_job, summarize
 
+from megatron.mllm.config_files import load_run_config, set_flags
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.metadata import GatheredMetadata
 from orchestration.packing import microbatch_indices
 from orchestration.phase_plan import plan_iteration
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
-from pipeweaver.semu.model import load_model_config
 
 MEGATRON = ["--pipeline-model-parallel-size", "1", "--pipeline-schedule", "megatron"]
 
@@ -45,14 +45,15 @@ def megatron_rank_samples(gen, iteration: int, dp: int, mbs: int, num_mb: int):
 
 def ideal_ratio(workload: str, iters: int, calibration: str | None) -> tuple[float, dict]:
     """Baseline over balanced predicted step time, summed over the iterations."""
-    spec = load_model_config("scripts/configs/cpu-main.json", {"workload": workload})
+    dp = 2
+    spec = load_run_config("cpu-main", set_flags({"workload": workload}), world_size=dp).semu
     t = spec.training
     gen = WorkloadGenerator(
         WorkloadSpec.load(workload), seed=t.workload_seed, token_scale=t.workload_token_scale
     )
     cal = Calibration.load(calibration) if calibration else None
     cost = CostModel.build(spec.shape, cal)
-    dp, mbs = 2, t.micro_batch_size
+    mbs = t.micro_batch_size
     num_mb = t.global_batch_size // (mbs * dp)
     before = after = 0.0
     for it in range(iters):

@@ -13,8 +13,8 @@ workload specs), it
    sample of the host's mood as much as of the configuration;
 2. predicts every one of those iterations with SEMU, calibrated from ``--calibration`` (a
    ``tools/calibrate.py`` file measured on this machine), on the exact microbatches the trainer
-   ran: the same samples (``megatron.mllm.data.SampleSource`` with the run's seed and token
-   scale), in Megatron's sampler order (``microbatch_indices``), packed and padded as
+   ran: the same samples (``orchestration.workload_spec.SampleStream`` with the run's seed and
+   token scale), in Megatron's sampler order (``microbatch_indices``), packed and padded as
    ``megatron.mllm.batch`` does; the schedule is megatron-core's (no pipelining or 1F1B,
    encoders on stage 0), expressed in the IR;
 3. with ``--memory``, runs the same configuration once more under
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,19 +46,20 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port, torchrun_command
+from megatron.mllm.config_files import LoadedConfig, load_run_config, set_flags
+from orchestration.calibration import Calibration
+from orchestration.packing import microbatch_indices, padding_runs
+from orchestration.workload_spec import SampleStream
+from pipeweaver.generators import generate
+from pipeweaver.placement import Placement
+from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, structure_of
+from pipeweaver.semu.hardware import DEVICES, ClusterSpec
+from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.simulator import Semu
 
-from orchestration.calibration import Calibration  # noqa: E402
-from pipeweaver.generators import generate  # noqa: E402
-from pipeweaver.placement import Placement  # noqa: E402
-from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, structure_of  # noqa: E402
-from pipeweaver.semu.hardware import DEVICES, ClusterSpec  # noqa: E402
-from pipeweaver.semu.model import ModelSpec, flags_to_argv, load_model_config  # noqa: E402
-from pipeweaver.semu.simulator import Semu  # noqa: E402
-
-BASE_CONFIG = REPO / "scripts" / "configs" / "cpu-main.json"
+BASE_CONFIG = "cpu-main"
+"""The model config of the main job (``scripts/configs/cpu-main.json``)."""
 
 
 @dataclass(frozen=True)
@@ -130,18 +130,10 @@ class Outcome:
         return max(errs) if errs else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _overrides(run: Run) -> dict:
-    flags = {"pipeline-model-parallel-size": run.pp, "workload": run.workload}
-    it = iter(run.extra)
-    for k in it:
-        flags[k.lstrip("-")] = next(it)
-    return flags
+def run_config(run: Run) -> LoadedConfig:
+    """The main job's config with the run's layout, workload and extra flags."""
+    flags = set_flags({"pipeline-model-parallel-size": run.pp, "workload": run.workload})
+    return load_run_config(BASE_CONFIG, [*flags, *run.extra], world_size=run.nproc)
 
 
 def timing_run(run: Run, iters: int, workdir: Path) -> list[dict]:
@@ -149,12 +141,12 @@ def timing_run(run: Run, iters: int, workdir: Path) -> list[dict]:
     metrics = workdir / f"{run.name}.jsonl"
     metrics.unlink(missing_ok=True)
     env = dict(
-        os.environ, PYTHON=sys.executable, NPROC=str(run.nproc), MASTER_PORT=str(_free_port())
+        os.environ, PYTHON=sys.executable, NPROC=str(run.nproc), MASTER_PORT=str(free_port())
     )
     env.setdefault("PYTHONWARNINGS", "ignore")
     cmd = [
         "bash",
-        str(REPO / "scripts" / "pretrain_mllm_cpu.sh"),
+        str(MAIN_JOB),
         # The upstream-Megatron baseline: the main job switches OrchWeave's features on.
         "--post-balance",
         "none",
@@ -178,7 +170,7 @@ def timing_run(run: Run, iters: int, workdir: Path) -> list[dict]:
     return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 
-def memory_run(run: Run, spec: ModelSpec, iters: int, workdir: Path) -> dict[int, float]:
+def memory_run(run: Run, config: LoadedConfig, iters: int, workdir: Path) -> dict[int, float]:
     """Run the probe; return each process rank's peak saved bytes (max over iterations)."""
     out = workdir / f"{run.name}-memory"
     out.mkdir(exist_ok=True)
@@ -188,25 +180,11 @@ def memory_run(run: Run, spec: ModelSpec, iters: int, workdir: Path) -> dict[int
         os.environ, SEMU_MEMORY_OUT=str(out), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
     )
     env.setdefault("PYTHONWARNINGS", "ignore")
-    flags = dict(spec.flags)
-    flags.update({"train-iters": iters, "log-interval": iters})
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(run.nproc),
-        "--master-port",
-        str(_free_port()),
-        str(REPO / "tools" / "bench" / "semu_memory_probe.py"),
-        "--distributed-backend",
-        "gloo",
-        "--transformer-impl",
-        "local",
-        "--lr",
-        "1e-3",
-        *flags_to_argv(flags),
-    ]
+    probe = REPO / "tools" / "bench" / "semu_memory_probe.py"
+    # The iteration flags after the config's: the later of two equal flags wins.
+    cmd = torchrun_command(run.nproc, [
+        str(probe), "--distributed-backend", "gloo", "--transformer-impl", "local", "--lr", "1e-3",
+        *config.argv, "--train-iters", str(iters), "--log-interval", str(iters)])  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
         sys.exit(f"error: memory run {run.name} failed:\n{proc.stderr[-3000:]}")
@@ -224,11 +202,8 @@ def trainer_microbatches(spec: ModelSpec, run: Run, iteration: int) -> list[list
     Uses the trainer's own data functions: the same sample stream and sampler order, and the
     trainer's padding rule (:mod:`orchestration.packing`).
     """
-    from megatron.mllm.data import SampleSource
-    from orchestration.packing import microbatch_indices, padding_runs
-
     t = spec.training
-    source = SampleSource(t.workload, t.workload_seed, t.workload_token_scale)
+    source = SampleStream(t.workload, t.workload_seed, t.workload_token_scale)
     m = t.num_microbatches(run.dp)
     pad_to = t.seq_length * t.micro_batch_size if run.pp > 1 else None
     enc = list(spec.shape.encoders)
@@ -300,7 +275,7 @@ def main() -> None:
     workdir = Path(args.workdir or tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
     outcomes = {run.name: Outcome(run) for run in runs}
-    specs = {run.name: load_model_config(BASE_CONFIG, _overrides(run)) for run in runs}
+    configs = {run.name: run_config(run) for run in runs}
     for rep in range(args.repeats):
         for run in runs:
             o = outcomes[run.name]
@@ -309,7 +284,7 @@ def main() -> None:
             # Every launch runs the same iterations: predict them once.
             if rep == 0:
                 o.predicted_s, _ = predict(
-                    specs[run.name], run, cal, [r["iteration"] - 1 for r in timed]
+                    configs[run.name].semu, run, cal, [r["iteration"] - 1 for r in timed]
                 )
             print(f"  {run.name} ({rep + 1}/{args.repeats}): measured "
                   f"{statistics.median(r['iteration_time_s'] for r in timed) * 1e3:.1f} ms, "
@@ -318,8 +293,8 @@ def main() -> None:
         for run in runs:
             o = outcomes[run.name]
             mem_iters = min(iters, args.memory_iters)
-            peaks = memory_run(run, specs[run.name], mem_iters, workdir)
-            _, mem = predict(specs[run.name], run, cal, list(range(mem_iters)))
+            peaks = memory_run(run, configs[run.name], mem_iters, workdir)
+            _, mem = predict(configs[run.name].semu, run, cal, list(range(mem_iters)))
             # Process rank -> pipeline rank: PP is the outer dimension (rank = dp + DP * pp).
             by_pp = [0.0] * run.pp
             for rank, peak in peaks.items():

@@ -24,25 +24,19 @@ Ends with ``semu_step_ms_pp8_m64: X`` (the rollout time of the dataflow order, i
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
-import sys
 import time
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
-
-from orchestration.workload import WorkloadGenerator, WorkloadSpec  # noqa: E402
-from pipeweaver.generators import dataflow, one_f_one_b  # noqa: E402
-from pipeweaver.ir import Kind  # noqa: E402
-from pipeweaver.placement import Placement  # noqa: E402
-from pipeweaver.semu.batches import step_microbatches, structure_of  # noqa: E402
-from pipeweaver.semu.hardware import DEVICES, ClusterSpec  # noqa: E402
-from pipeweaver.semu.model import load_model_config  # noqa: E402
-from pipeweaver.semu.reuse import ReuseCache  # noqa: E402
-from pipeweaver.semu.simulator import Semu  # noqa: E402
+from megatron.mllm.config_files import load_run_config, set_flags
+from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
+from pipeweaver.generators import dataflow, one_f_one_b
+from pipeweaver.ir import Kind
+from pipeweaver.placement import Placement
+from pipeweaver.semu.batches import step_microbatches, structure_of
+from pipeweaver.semu.hardware import DEVICES, ClusterSpec
+from pipeweaver.semu.reuse import ReuseCache
+from pipeweaver.semu.simulator import Semu
 
 
 def _time(fn, repeats: int) -> float:
@@ -62,11 +56,12 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=6, help="distinct orders per schedule")
     args = parser.parse_args()
     pp, m = args.pp, args.microbatches
-    spec = load_model_config(
-        os.path.join(_REPO_ROOT, "scripts", "configs", "omni-84b.json"),
-        {"pipeline-model-parallel-size": pp, "global-batch-size": m},
-    )
     cluster = ClusterSpec(DEVICES["h100-sxm"], 8 * pp, name="h100")
+    spec = load_run_config(
+        "omni-84b",
+        set_flags({"pipeline-model-parallel-size": pp, "global-batch-size": m}),
+        world_size=cluster.num_devices,
+    ).semu
     enc = list(spec.shape.encoders)
     gen = WorkloadGenerator(WorkloadSpec.load("omni-three-modality"), seed=1)
     mbs = step_microbatches(gen.sample, 0, 1, 1, m, enc, 8192, 8192, sub_tokens=4096)[0]

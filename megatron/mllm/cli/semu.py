@@ -1,0 +1,219 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Simulate one training step with SEMU: step time, bubble, MFU, peak memory, a timeline.
+
+Usage (from the repository root; installed: ``orchweave-semu``)::
+
+    python tools/semu.py --model CONFIG --cluster CONFIG [--workload SPEC] [--schedule NAME]
+                         [--trace F.json] [--png F.png] [--json] [options]
+
+``--model`` is a model config (``scripts/configs/<name>.json`` or its name: the trainer's
+flags, parsed by the trainer's parser for the cluster's number of devices; ``--set FLAG=VALUE``
+adds ``--FLAG VALUE`` after them, ``--set FLAG=true`` a switch), ``--cluster`` a cluster config
+(device type, number of devices, devices per node).
+The microbatches are the ones the trainer would run: samples drawn from the workload with
+the config's seed, in Megatron's sampler order, packed per microbatch and padded to micro
+batch x sequence length when PP > 1. Each DP replica gets its own microbatches and pipeline.
+
+Schedules (``--schedule``): ``megatron`` (default: the upstream baseline, i.e. ``none`` for
+PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleaved``, ``none``,
+``dataflow`` (any placement; with ``--placement interleaved`` the encoders are spread over all
+ranks, DIP's layout) and ``dynamic`` (the trainer's ``--pipeline-schedule dynamic``: greedy
+dual-queue interleaving over the interleaved placement; use ``--pad none`` as the runtime
+does not pad).
+
+``--json`` prints one JSON object::
+
+    step_time_s: float            # the step
+    bubble_ratio: float           # 1 - busy / (P x pipeline span), slowest DP replica
+    mfu: float                    # model FLOPs / (step x devices x peak)
+    peak_memory_bytes: [float]    # per pipeline rank: weights + grads + optimizer + activations
+    peak_activation_bytes: [float]
+    static_bytes: [{params, weights, gradients, optimizer}]
+    busy_s, idle_s: [float]       # per pipeline rank, slowest replica
+    breakdown: {host, a2a, pipeline, allreduce_and_optimizer}
+    model_flops, num_devices, critical_replica, reuse: {level: {hits, misses, hit_rate, entries}}
+    config: {model, cluster, schedule, placement, tp, pp, dp, num_microbatches, workload,
+             iteration, replicas_simulated}
+
+Errors print one ``error:`` line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, Sequence
+
+from megatron.mllm.cli.args import ToolParser, quiet_config_files, report_error
+from orchestration.calibration import Calibration
+from orchestration.workload import WorkloadError
+from pipeweaver.ir import ScheduleError
+from pipeweaver.semu import trace
+from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.scenario import PLACEMENTS, SCHEDULES, build_step, placement_kind
+from pipeweaver.semu.simulator import Semu
+
+
+def _kv(text: str, what: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ValueError(f"{what}: expected name=value pairs, got {part!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
+    """``--set flag=value`` pairs; values are JSON when they parse as JSON, else strings.
+
+    Raises:
+        ValueError: a pair without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for s in sets:
+        if "=" not in s:
+            raise ValueError(f"--set expects FLAG=VALUE, got {s!r}")
+        k, v = s.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
+    """``--chunks-per-rank vision=2,audio=1`` as a mapping; None when not given, or when the
+    step's placement is the baseline, which ignores it."""
+    text = args.chunks_per_rank
+    if text is None or placement_kind(args.schedule, args.placement) == "baseline":
+        return None
+    return {mod: int(v) for mod, v in _kv(text, "--chunks-per-rank").items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface of this tool."""
+    parser = ToolParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="model config (path or name)")
+    parser.add_argument("--cluster", required=True, help="cluster config (path or name)")
+    parser.add_argument("--workload", help="workload spec or JSONL (default: the model config's)")
+    parser.add_argument("--seed", type=int, help="workload seed (default: the config's)")
+    parser.add_argument("--token-scale", type=float, help="workload token scale")
+    parser.add_argument("--iteration", type=int, default=0, help="which step of the stream")
+    parser.add_argument(
+        "--schedule",
+        default="megatron",
+        choices=list(SCHEDULES),
+        help="schedule generator (default: the upstream-Megatron baseline)",
+    )
+    parser.add_argument("--placement", choices=list(PLACEMENTS), help="chunk layout")
+    parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
+    parser.add_argument(
+        "--encoder-sub-microbatch-tokens",
+        type=int,
+        help="encoder tokens per sub-microbatch, as the trainer's flag (default: the model "
+        "config's, else one sub per encoder and microbatch)",
+    )
+    parser.add_argument("--memory", choices=["none", "recompute", "offload"], help="every stage")
+    parser.add_argument(
+        "--pad",
+        choices=["megatron", "none"],
+        default="megatron",
+        help="pad microbatches when PP > 1 as the baseline trainer does",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FLAG=VALUE",
+        help="override a model flag, e.g. --set pipeline-model-parallel-size=2",
+    )
+    parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py)")
+    parser.add_argument("--replicas", type=int, help="simulate only this many DP replicas")
+    parser.add_argument(
+        "--balancer-bytes", help="JSON: phase -> bytes per device or DP x DP matrix"
+    )
+    parser.add_argument("--no-check", action="store_true", help="skip the static checker")
+    parser.add_argument("--no-reuse", action="store_true", help="disable the reuse caches")
+    parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    parser.add_argument("--png", help="write a PNG timeline here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Simulate the step the arguments describe; print its summary, or JSON with ``--json``.
+
+    Args:
+        argv: command-line arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0, or 2 after an ``error:`` line.
+    """
+    args = build_parser().parse_args(argv)
+    configs = quiet_config_files()
+    try:
+        cluster = ClusterSpec.load(configs.find_config(args.cluster))
+        # The cluster's devices are the run's processes: they fix DP and the checks on it.
+        extra = configs.set_flags(parse_sets(args.set))
+        spec = configs.load_run_config(args.model, extra, world_size=cluster.num_devices).semu
+        calibration = Calibration.load(args.calibration) if args.calibration else None
+        schedules, mbs, info = build_step(
+            spec,
+            cluster,
+            schedule=args.schedule,
+            placement=args.placement,
+            chunks_per_rank=_chunks_per_rank(args),
+            memory=args.memory,
+            pad=args.pad == "megatron",
+            workload=args.workload,
+            seed=args.seed,
+            token_scale=args.token_scale,
+            iteration=args.iteration,
+            replicas=args.replicas,
+            encoder_sub_microbatch_tokens=args.encoder_sub_microbatch_tokens,
+            run_checker=not args.no_check,
+        )
+        balancer = None
+        if args.balancer_bytes:
+            with open(args.balancer_bytes, encoding="utf-8") as f:
+                balancer = json.load(f)
+        semu = Semu(spec, cluster, calibration, reuse=not args.no_reuse)
+        t0 = time.perf_counter()
+        result = semu.simulate_step(schedules, mbs, balancer_bytes=balancer)
+        info["simulation_s"] = time.perf_counter() - t0
+    except (WorkloadError, ScheduleError, ValueError) as e:  # ConfigError is a ValueError
+        return report_error(str(e))
+    except OSError as e:
+        return report_error(f"{e.filename}: {e.strerror}")
+    if args.trace:
+        trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
+    if args.png:
+        try:
+            trace.write_png(
+                result,
+                args.png,
+                title=f"{spec.name} on {cluster.name}, {info['schedule']}: step "
+                f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
+                f"MFU {result.mfu:.1%}",
+            )
+        except ImportError as e:  # matplotlib is optional
+            return report_error(str(e))
+    if args.json:
+        print(json.dumps({**result.to_json(), "config": info}))
+    else:
+        header = [
+            f"SEMU: {spec.name} on {cluster.name} ({cluster.device.name} x {cluster.num_devices}), "
+            f"TP={info['tp']} PP={info['pp']} DP={info['dp']}, schedule {info['schedule']} "
+            f"({info['placement']} placement), {info['num_microbatches']} microbatches per "
+            f"replica, workload {info['workload']} iteration {info['iteration']}"
+            + (
+                f", {info['replicas_simulated']} replicas simulated"
+                if info["replicas_simulated"] < info["dp"]
+                else ""
+            )
+        ]
+        print(trace.summary(result, header))
+        print(f"simulated in {info['simulation_s'] * 1e3:.1f} ms")
+    return 0
