@@ -134,26 +134,27 @@ def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
 
 
 def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelSpec:
-    """SEMU's description of a run: the trainer's model shape and Megatron's layout flags."""
-    args = run.args
+    """SEMU's description of a run: the trainer's model shape, layout and memory settings."""
+    lang = model.language
     tp = run.parallel.tensor
     return ModelSpec(
         shape=model.shape(),
         parallel=ParallelLayout(
             tensor=tp,
             pipeline=run.parallel.pipeline,
-            llm_chunks_per_rank=args.virtual_pipeline_model_parallel_size or 1,
-            sequence_parallel=bool(args.sequence_parallel) and tp > 1,
-            distributed_optimizer=bool(args.use_distributed_optimizer),
+            llm_chunks_per_rank=lang.virtual_pipeline_model_parallel_size or 1,
+            sequence_parallel=bool(lang.sequence_parallel) and tp > 1,
+            # As Megatron's flag asks: the trainer itself does not shard the optimizer yet.
+            distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
         ),
         training=TrainingSetup(
             micro_batch_size=run.micro_batch_size,
             global_batch_size=run.global_batch_size,
             seq_length=run.seq_length,
             grad_dtype_bytes=4,
-            memory="recompute" if args.recompute_granularity == "full" else "none",
-            hidden_dropout=float(args.hidden_dropout),
-            attention_dropout=float(args.attention_dropout),
+            memory="recompute" if lang.recompute_granularity == "full" else "none",
+            hidden_dropout=float(lang.hidden_dropout),
+            attention_dropout=float(lang.attention_dropout),
             workload=run.workload.workload,
             workload_seed=run.workload.workload_seed,
             workload_token_scale=run.workload.workload_token_scale,

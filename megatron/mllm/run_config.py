@@ -250,6 +250,9 @@ class RunConfig:
     seq_length: int
     """LLM sequence length (``--seq-length``)."""
 
+    vocab_size: int
+    """``--vocab-size``, unpadded: synthetic token ids are drawn below it."""
+
     seed: int
     """``--seed``: initialisation and, by default, the workload."""
 
@@ -344,6 +347,7 @@ class RunConfig:
             ddp=ddp,
             distributed=config_from_args(DistributedInitConfig, args),
             seq_length=args.seq_length,
+            vocab_size=args.vocab_size,
             seed=args.seed,
             workload=config_from_args(WorkloadConfig, args),
             encoders=encoders,

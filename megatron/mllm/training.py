@@ -168,7 +168,7 @@ class Trainer:
             run, self.mllm, self.model, self.pg_collection, dispatcher, self.device
         )
         task = SyntheticTask(
-            vocab_size=run.args.vocab_size,
+            vocab_size=run.vocab_size,
             num_classes=w.synthetic_num_classes,
             input_dims={name: enc.input_dim for name, enc in self.mllm.encoders.items()},
             seed=w.workload_seed,

@@ -213,7 +213,7 @@ def _in_process(
     """Every stage but ``parallel``, in this process; the calibration in seconds."""
     run, mllm = loaded.run, loaded.model
     task = SyntheticTask(
-        vocab_size=run.args.vocab_size,
+        vocab_size=run.vocab_size,
         num_classes=run.workload.synthetic_num_classes,
         input_dims={name: enc.input_dim for name, enc in mllm.encoders.items()},
         seed=run.workload.workload_seed,
