@@ -35,8 +35,14 @@ from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.mllm import checkpointing, distributed, logs  # noqa: E402
+from megatron.mllm.arguments import ConfigError, parse_arguments  # noqa: E402
 from megatron.mllm.config import mllm_config  # noqa: E402
-from megatron.mllm.data import BatchLoader, GlobalBatch, SyntheticTask  # noqa: E402
+from megatron.mllm.data import (  # noqa: E402
+    BatchLoader,
+    GlobalBatch,
+    SequenceTooLongError,
+    SyntheticTask,
+)
 from megatron.mllm.metrics import (  # noqa: E402
     IntervalStats,
     format_log_line,
@@ -45,7 +51,10 @@ from megatron.mllm.metrics import (  # noqa: E402
 )
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
+from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.dispatcher import Dispatcher  # noqa: E402
+from orchestration.metadata import PlanError  # noqa: E402
+from orchestration.workload import WorkloadError  # noqa: E402
 from orchestration.workload_spec import SampleStream  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -125,8 +134,6 @@ class Trainer:
 
     def __init__(self, run: RunConfig):
         if run.training.train_iters is None:
-            from megatron.mllm.arguments import ConfigError
-
             raise ConfigError("--train-iters is required to train")
         self.run = run
         w = run.workload
@@ -364,12 +371,6 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/pretrain_mllm.py``."""
-    from megatron.mllm.arguments import ConfigError, parse_arguments
-    from megatron.mllm.data import SequenceTooLongError
-    from orchestration.balance import InfeasibleCapError
-    from orchestration.metadata import PlanError
-    from orchestration.workload import WorkloadError
-
     logs.configure(logs.level_from_argv(sys.argv[1:] if argv is None else argv))
     try:
         Trainer(RunConfig.from_args(parse_arguments(argv))).train()

@@ -84,7 +84,6 @@ class PhaseBalancedStep(BalancedStep):
         no_sync = config.no_sync_func if config.no_sync_func is not None else contextlib.nullcontext
         grad = contextlib.nullcontext() if not forward_only else torch.no_grad()
         losses: list = []
-        total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
         with no_sync(), grad:
             sent, leaves, sample_rows = {}, {}, {}
             for enc in self.mllm.encoders:
@@ -103,39 +102,18 @@ class PhaseBalancedStep(BalancedStep):
                 batch.metadata.sample_ids,
             )
             stats.num_microbatches = mb_plan.num_microbatches
-            for i, mb in enumerate(mb_plan.microbatches):
-                chosen = [samples[j] for j in mb]
-                packed = build_microbatch(
-                    [(meta, payload) for _, meta, payload in chosen],
-                    list(self.mllm.encoders),
-                    device=self.device,
-                    with_features=False,
-                )
-                for enc in packed.encoders:
-                    rows = np.concatenate(
-                        [
-                            np.arange(*sample_rows[enc][s])
-                            for s, _, _ in chosen
-                            if s in sample_rows[enc]
-                        ]
-                    )
-                    packed.encoder_hidden[enc] = leaves[enc].index_select(
-                        0, torch.as_tensor(rows, device=self.device)
-                    )
+            # Built one at a time: each holds a copy of its samples' encoder rows.
+            microbatches = (
+                self._llm_microbatch([samples[j] for j in mb], leaves, sample_rows)
+                for mb in mb_plan.microbatches
+            )
+            total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
+            for i, packed in enumerate(microbatches):
                 output, num_tokens = forward_step(
-                    forward_step_func,
-                    iter([packed]),
-                    model[0],
-                    len(mb_plan.microbatches),
-                    None,
-                    losses,
-                    config,
-                    1,
-                    collect_non_loss_data=collect_non_loss_data,
-                    is_first_microbatch=i == 0,
-                    current_microbatch=i,
-                    is_last_stage=True,
-                )
+                    forward_step_func, iter([packed]), model[0], mb_plan.num_microbatches,
+                    None, losses, config, 1, collect_non_loss_data=collect_non_loss_data,
+                    is_first_microbatch=i == 0, current_microbatch=i, is_last_stage=True,
+                )  # fmt: skip
                 total_tokens += num_tokens
                 if not forward_only:
                     backward_step(None, output, None, config)
@@ -207,3 +185,21 @@ class PhaseBalancedStep(BalancedStep):
             samples.append((s, meta, SamplePayload(tokens=got[start : start + n, 0].cpu().numpy())))
             start += n
         return samples
+
+    def _llm_microbatch(self, chosen, leaves, sample_rows):
+        """One LLM microbatch of ``(sample, meta, payload)``, carrying its samples' encoder
+        outputs (rows of the leaves) so that the model runs only the encoders' heads."""
+        packed = build_microbatch(
+            [(meta, payload) for _, meta, payload in chosen],
+            list(self.mllm.encoders),
+            device=self.device,
+            with_features=False,
+        )
+        for enc in packed.encoders:
+            rows = np.concatenate(
+                [np.arange(*sample_rows[enc][s]) for s, _, _ in chosen if s in sample_rows[enc]]
+            )
+            packed.encoder_hidden[enc] = leaves[enc].index_select(
+                0, torch.as_tensor(rows, device=self.device)
+            )
+        return packed
