@@ -23,6 +23,7 @@ exchange, so gradients of encoder outputs travel back to the ranks that computed
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -112,13 +113,19 @@ class Dispatcher:
         group: dist.ProcessGroup | None = None,
         node_wise: bool = False,
         gpus_per_node: int | None = None,
+        timers=None,
     ):
         """Args:
         group: the data-parallel group (None: the default group).
         node_wise: use the node-wise (three-hop) exchange.
         gpus_per_node: ranks per node, in group rank order; needed by the node-wise exchange.
+        timers: where collectives report their time: an object whose
+            ``span(name, level, detail=, group=)`` is a context manager (the trainer's
+            ``megatron.mllm.timers.StepTimers``); None times nothing.
         """
         self.group = group
+        self.timers = timers
+        self.group_ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         if node_wise and not gpus_per_node:
@@ -161,8 +168,10 @@ class Dispatcher:
         Args:
             local: this rank's (stream index, metadata) pairs, in loading order.
         """
-        flat = self.all_gather_arrays(encode_rank_metadata(local))
-        ids = self.all_gather_strings([meta.sample_id for _, meta in local])
+        encoded = encode_rank_metadata(local)
+        with self._timed("metadata-gather"):
+            flat = self.all_gather_arrays(encoded)
+            ids = self.all_gather_strings([meta.sample_id for _, meta in local])
         return GatheredMetadata.from_flat(flat, sample_ids=ids)
 
     def all_gather_strings(self, local: Sequence[str]) -> list[str]:
@@ -189,11 +198,13 @@ class Dispatcher:
                 group (one per pipeline stage, one per TP rank) plans the same samples.
         """
         gathered: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, digest, group=group)
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        with self._timed("plan-digest", group=ranks):
+            dist.all_gather_object(gathered, digest, group=group)
         check_digests(gathered, what)
 
     def move(self, route: Route, local_rows: torch.Tensor, local_sizes: np.ndarray,
-             differentiable: bool = False) -> torch.Tensor:  # fmt: skip
+             differentiable: bool = False, label: str | None = None) -> torch.Tensor:  # fmt: skip
         """Send each local item's rows where ``route`` says; return the arrivals.
 
         Args:
@@ -201,16 +212,17 @@ class Dispatcher:
             local_rows: this rank's items' rows back to back, in its source-list order.
             local_sizes: rows of each local item.
             differentiable: let gradients of the arrivals flow back the same way.
+            label: names the exchange in the timers (``vision inputs``).
 
         Returns:
             The rows received, in arrival order (:meth:`Route.arrival_order`).
         """
         idx = row_index(route.send_index(self.rank), local_sizes)
         send = local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
-        return self.all_to_all(send, route.rows_matrix(), differentiable)
+        return self.all_to_all(send, route.rows_matrix(), differentiable, label)
 
-    def all_to_all(self, rows: torch.Tensor, counts: np.ndarray,
-                   differentiable: bool = False) -> torch.Tensor:  # fmt: skip
+    def all_to_all(self, rows: torch.Tensor, counts: np.ndarray, differentiable: bool = False,
+                   label: str | None = None) -> torch.Tensor:  # fmt: skip
         """Send rows to their destinations.
 
         Args:
@@ -218,13 +230,25 @@ class Dispatcher:
                 each ``d`` in turn).
             counts: ``[world, world]`` rows from src to dst, identical on every rank.
             differentiable: the backward sends gradients back the same way (transposed).
+            label: names the exchange in the timers; the backward's is ``label + " backward"``.
 
         Returns:
             The rows received, ordered by source rank (``counts[s, me]`` rows per ``s``).
         """
         counts = np.asarray(counts, dtype=np.int64)
         if differentiable:
-            return _AllToAll.apply(rows, self, counts)
+            return _AllToAll.apply(rows, self, counts, label)
+        with self._timed("all-to-all", label):
+            return self._exchange(rows, counts)
+
+    def _timed(self, name: str, detail: str | None = None, group: Sequence[int] | None = None):
+        """A timer span of one collective of this group (nothing without timers)."""
+        if self.timers is None:
+            return contextlib.nullcontext()
+        return self.timers.span(name, 1, detail=detail, group=group or self.group_ranks)
+
+    def _exchange(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
+        """The all-to-all itself: direct, or node-wise in three hops."""
         if counts.shape != (self.world, self.world):
             raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
         if rows.shape[0] != counts[self.rank].sum():
@@ -282,12 +306,14 @@ class _AllToAll(torch.autograd.Function):
     """All-to-all whose backward is the transposed all-to-all."""
 
     @staticmethod
-    def forward(ctx, rows, dispatcher: Dispatcher, counts: np.ndarray):
+    def forward(ctx, rows, dispatcher: Dispatcher, counts: np.ndarray, label: str | None):
         ctx.dispatcher = dispatcher
         ctx.counts = counts
-        return dispatcher.all_to_all(rows.detach(), counts)
+        ctx.label = label
+        return dispatcher.all_to_all(rows.detach(), counts, label=label)
 
     @staticmethod
     def backward(ctx, grad):
-        back = ctx.dispatcher.all_to_all(grad.contiguous(), ctx.counts.T.copy())
-        return back, None, None
+        label = None if ctx.label is None else f"{ctx.label} backward"
+        back = ctx.dispatcher.all_to_all(grad.contiguous(), ctx.counts.T.copy(), label=label)
+        return back, None, None, None

@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.dispatcher import Dispatcher
 from orchestration.metadata import GatheredMetadata
 from orchestration.packing import microbatch_indices
@@ -205,6 +206,9 @@ class BatchLoader:
     with_features: bool
     """Generate encoder features (only ranks that run an encoder's input layer need them)."""
 
+    timers: StepTimers = NULL_TIMERS
+    """Where loading reports its time (``payloads``; the dispatcher times the gather)."""
+
     def load(self, iteration: int) -> GlobalBatch:
         """This rank's samples of ``iteration`` and the batch's metadata; collective over DP.
 
@@ -217,12 +221,14 @@ class BatchLoader:
             iteration, d.rank, d.world, self.micro_batch_size, self.num_microbatches
         )
         microbatches = []
-        for mb in indices:
-            loaded = []
-            for k in mb:
-                meta = self.stream.meta(k)
-                loaded.append(LoadedSample(k, meta, self.task.payload(meta, k, self.with_features)))
-            microbatches.append(loaded)
+        with self.timers.span("payloads"):
+            for mb in indices:
+                loaded = []
+                for k in mb:
+                    meta = self.stream.meta(k)
+                    payload = self.task.payload(meta, k, self.with_features)
+                    loaded.append(LoadedSample(k, meta, payload))
+                microbatches.append(loaded)
         metadata = d.gather_metadata([(s.index, s.meta) for mb in microbatches for s in mb])
         check_fits(metadata, self.seq_length)
         return GlobalBatch(iteration, microbatches, metadata)

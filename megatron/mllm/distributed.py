@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -82,6 +83,54 @@ def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, tensor, group=group)
     return out
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in global rank order (the timers' per-iteration
+    gather)."""
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def clock_offsets(rounds: int = 8, clock=time.perf_counter) -> list[float]:
+    """Every rank's clock minus rank 0's, in seconds, the same list on every rank.
+
+    Rank 0 exchanges ``rounds`` timestamps with each other rank in turn (a ping and a pong of
+    one float); the round with the shortest round trip bounds the error by half of it, as
+    NTP does. On one host the processes share a monotonic clock and the offsets are ~0.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = _collective_device()
+    offsets = torch.zeros(world, dtype=torch.float64, device=device)
+    stamp = torch.zeros(1, dtype=torch.float64, device=device)
+    for peer in range(1, world):
+        if rank not in (0, peer):
+            continue
+        best = None
+        for _ in range(rounds):
+            if rank == 0:
+                t0 = clock()
+                dist.send(stamp, dst=peer)
+                dist.recv(stamp, src=peer)
+                t1 = clock()
+                if best is None or t1 - t0 < best[0]:
+                    best = (t1 - t0, float(stamp.item()) - (t0 + t1) / 2)
+            else:
+                dist.recv(stamp, src=0)
+                stamp.fill_(clock())
+                dist.send(stamp, dst=0)
+        if rank == 0:
+            offsets[peer] = best[1]
+    dist.broadcast(offsets, src=0)
+    return [float(x) for x in offsets.cpu()]
+
+
+def _collective_device() -> torch.device:
+    # NCCL moves CUDA tensors only; gloo takes CPU ones.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def barrier() -> None:

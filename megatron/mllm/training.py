@@ -51,6 +51,7 @@ from megatron.mllm.metrics import (  # noqa: E402
 )
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
+from megatron.mllm.timers import RankTimes, StepTimers, TimerLog, iteration_record  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.dispatcher import Dispatcher  # noqa: E402
 from orchestration.metadata import PlanError  # noqa: E402
@@ -147,6 +148,18 @@ class Trainer:
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.mllm = mllm_config(run)
         self.shape = self.mllm.shape()
+        log = run.logger
+        self.timers = StepTimers(
+            log.timing_log_level,
+            log.timing_log_option,
+            sync=torch.cuda.synchronize if torch.cuda.is_available() else None,
+        )
+        if self.timers.level:
+            # megatron-core's schedules, finalize_model_grads and optimizer time themselves
+            # through config.timers, as in Megatron-LM.
+            self.mllm.language.timers = self.timers
+            run.optimizer.timers = self.timers
+        self.clock_offsets = distributed.clock_offsets() if self.timers.level else None
         self.model = build_stage_model(run, self.mllm, self.pp_rank, self.pg_collection)
         self.model = self.model.to(self.device)
         self.ddp_model = DistributedDataParallel(
@@ -170,9 +183,10 @@ class Trainer:
             self.pg_collection.dp,
             node_wise=b.node_wise_a2a and balancing,
             gpus_per_node=b.gpus_per_node,
+            timers=self.timers,
         )
         self.step = build_step(
-            run, self.mllm, self.model, self.pg_collection, dispatcher, self.device
+            run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers
         )
         task = SyntheticTask(
             vocab_size=run.vocab_size,
@@ -182,7 +196,7 @@ class Trainer:
         )
         self.loader = BatchLoader(
             stream, task, dispatcher, run.micro_batch_size, run.num_microbatches,
-            run.seq_length, with_features=self.model.holds_encoder_inputs,
+            run.seq_length, with_features=self.model.holds_encoder_inputs, timers=self.timers,
         )  # fmt: skip
         self.iteration = 0
         if run.checkpoint.load:
@@ -212,30 +226,35 @@ class Trainer:
         Returns:
             The loss dicts of the microbatches whose loss this rank computed, and the batch.
         """
-        batch = self.loader.load(iteration)
-        self.ddp_model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        losses = self.step(
-            forward_step_func=forward_step,
-            data_iterator=batch.data_iterator(),
-            model=[self.ddp_model],
-            num_microbatches=len(batch.microbatches),
-            seq_length=self.run.seq_length,
-            micro_batch_size=self.run.micro_batch_size,
-        )
+        timers = self.timers
+        with timers("batch-generator", log_level=1):
+            batch = self.loader.load(iteration)
+        with timers("forward-backward", log_level=1):
+            self.ddp_model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            losses = self.step(
+                forward_step_func=forward_step,
+                data_iterator=batch.data_iterator(),
+                model=[self.ddp_model],
+                num_microbatches=len(batch.microbatches),
+                seq_length=self.run.seq_length,
+                micro_batch_size=self.run.micro_batch_size,
+            )
         return losses, batch
 
     def train_step(self, iteration: int) -> IterationResult:
         """One iteration: data, forward/backward, optimizer and scheduler step."""
         losses, batch = self.forward_backward(iteration)
-        update_successful, grad_norm, _ = self.optimizer.step()
-        if update_successful:
-            self.scheduler.step(increment=self.run.global_batch_size)
+        with self.timers("optimizer", log_level=1):
+            update_successful, grad_norm, _ = self.optimizer.step()
+            if update_successful:
+                self.scheduler.step(increment=self.run.global_batch_size)
         loss_sum = loss_tokens = None
         if losses:
-            total = torch.stack([d["lm loss"] for d in losses]).sum(0)
-            distributed.sum_over_group(total, self.pg_collection.dp)
-            loss_sum, loss_tokens = float(total[0]), float(total[1])
+            with self.timers("loss-reduce", log_level=1):
+                total = torch.stack([d["lm loss"] for d in losses]).sum(0)
+                distributed.sum_over_group(total, self.pg_collection.dp)
+                loss_sum, loss_tokens = float(total[0]), float(total[1])
         grad_norm = None if grad_norm is None else float(grad_norm)
         return IterationResult(loss_sum, loss_tokens, grad_norm, update_successful, batch)
 
@@ -277,12 +296,10 @@ class Trainer:
     def train(self) -> list[IterationResult]:
         """Train until ``--train-iters``, logging and checkpointing like Megatron-LM."""
         run = self.run
-        train_iters, gbs = run.training.train_iters, run.global_batch_size
-        log_interval = run.logger.log_interval
+        train_iters = run.training.train_iters
         save, save_interval = run.checkpoint.save, run.checkpoint.save_interval
         exit_interval = run.training.exit_interval
-        is_logger = distributed.global_rank() == distributed.world_size() - 1
-        stats = IntervalStats()
+        log = _IntervalLog(self)
         results = []
         if distributed.global_rank() == 0:
             self._print_setup()
@@ -292,39 +309,7 @@ class Trainer:
             seconds = time.perf_counter() - start
             self.iteration += 1
             results.append(result)
-            m = self.metrics(result)
-            balanced = self.step.balance_stats
-            stats.add(
-                seconds,
-                m["samples"],
-                m["tokens"],
-                m["flops"],
-                m["imbalance"],
-                None if balanced is None else balanced.imbalance_after,
-                0 if balanced is None else balanced.bytes_moved,
-            )
-            lr = self.optimizer.param_groups[0]["lr"]
-            if is_logger and run.logging.metrics_jsonl:
-                write_metrics(
-                    run.logging.metrics_jsonl,
-                    {
-                        "iteration": self.iteration,
-                        "lm_loss": result.loss,
-                        "iteration_time_s": seconds,
-                        "grad_norm": result.grad_norm,
-                        "learning_rate": lr,
-                        **m,
-                    },
-                )
-            if is_logger and self.iteration % log_interval == 0:
-                print(
-                    format_log_line(
-                        self.iteration, train_iters, self.iteration * gbs, stats,
-                        distributed.world_size(), lr, gbs, result.loss, result.grad_norm,
-                    ),
-                    flush=True,
-                )  # fmt: skip
-                stats = IntervalStats()
+            log.add(result, seconds)
             saved = False
             if save and save_interval and self.iteration % save_interval == 0:
                 self.save()
@@ -367,6 +352,61 @@ class Trainer:
                 f"> resuming after iteration {self.iteration} from {run.checkpoint.load}",
                 flush=True,
             )
+
+
+class _IntervalLog:
+    """What the trainer reports after each iteration: the metrics record, the timers of every
+    rank, the Megatron-style log line (last rank) every ``--log-interval`` iterations."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.is_logger = distributed.global_rank() == distributed.world_size() - 1
+        self.stats = IntervalStats()
+        self.timers = TimerLog(trainer.timers.option)
+
+    def add(self, result: IterationResult, seconds: float) -> None:
+        """Account one iteration (collective over all ranks when timers are on)."""
+        tr, run = self.trainer, self.trainer.run
+        m = tr.metrics(result)
+        if tr.timers.level:
+            # Off the iteration's clock: every rank's timers, gathered once per iteration.
+            mine = RankTimes.of(tr.timers.take(), seconds, keep_spans=False)
+            m["timers"] = iteration_record(distributed.all_gather_objects(mine), tr.clock_offsets)
+            self.timers.add(m["timers"])
+        balanced = tr.step.balance_stats
+        self.stats.add(
+            seconds,
+            m["samples"],
+            m["tokens"],
+            m["flops"],
+            m["imbalance"],
+            None if balanced is None else balanced.imbalance_after,
+            0 if balanced is None else balanced.bytes_moved,
+        )
+        if not self.is_logger:
+            return
+        lr = tr.optimizer.param_groups[0]["lr"]
+        if run.logging.metrics_jsonl:
+            record = {
+                "iteration": tr.iteration,
+                "lm_loss": result.loss,
+                "iteration_time_s": seconds,
+                "grad_norm": result.grad_norm,
+                "learning_rate": lr,
+                **m,
+            }
+            write_metrics(run.logging.metrics_jsonl, record)
+        if tr.iteration % run.logger.log_interval == 0:
+            gbs = run.global_batch_size
+            line = format_log_line(
+                tr.iteration, run.training.train_iters, tr.iteration * gbs, self.stats,
+                distributed.world_size(), lr, gbs, result.loss, result.grad_norm,
+            )  # fmt: skip
+            if tr.timers.level:
+                line += "\n" + self.timers.format()
+                self.timers = TimerLog(tr.timers.option)
+            print(line, flush=True)
+            self.stats = IntervalStats()
 
 
 def main(argv: list[str] | None = None) -> int:

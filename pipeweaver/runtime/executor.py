@@ -108,6 +108,10 @@ class PipelineRuntime:
         self.device = device
         self.dtype = dtype
         self.memory_cap = memory_cap
+        self.last_schedule: Schedule | None = None
+        """The schedule of the latest step (for logs, traces and SEMU's prediction)."""
+        self.last_microbatches: list = []
+        """The microbatches of the latest step."""
         self.activation_bytes = activation_bytes
 
     @property
@@ -152,13 +156,17 @@ class PipelineRuntime:
             num_microbatches,
             {e: tuple(mb.num_subs(e) for mb in microbatches) for e in self.placement.encoders},
         )
-        schedule = self.schedule_fn(self.placement, structure, microbatches)
-        # Never execute an invalid schedule: the checker names the first offending action.
-        check(
-            schedule,
-            memory_cap=self.memory_cap,
-            activation_bytes=self.activation_bytes if self.memory_cap is not None else None,
-        )
+        spans = _spans(config)
+        with spans("schedule", 1):
+            schedule = self.schedule_fn(self.placement, structure, microbatches)
+            # Never execute an invalid schedule: the checker names the first offending action.
+            check(
+                schedule,
+                memory_cap=self.memory_cap,
+                activation_bytes=self.activation_bytes if self.memory_cap is not None else None,
+            )
+        self.last_schedule = schedule
+        self.last_microbatches = microbatches
         store: list = []
         total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
         no_sync = contextlib.nullcontext
@@ -177,6 +185,19 @@ class PipelineRuntime:
                 force_all_reduce=force_all_reduce,
             )
         return store if self.holds_loss else []
+
+
+def _spans(config):
+    """The timer spans of ``config.timers`` (``span(name, level, detail)``, as the trainer's
+    ``megatron.mllm.timers.StepTimers`` offers), or spans that time nothing."""
+    timers = getattr(config, "timers", None)
+    if timers is None or not hasattr(timers, "span"):
+        return _no_span
+    return timers.span
+
+
+def _no_span(name: str, level: int, detail: str | None = None):
+    return contextlib.nullcontext()
 
 
 class _Step:
@@ -211,24 +232,31 @@ class _Step:
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.posted = 0
         self.tokens = torch.zeros([], dtype=torch.int, device=runtime.device)
+        self.spans = _spans(config)
 
     def run(self) -> torch.Tensor:
         """Execute every action; returns this rank's count of loss tokens."""
+        spans = self.spans
         for i, action in enumerate(self.actions):
             self._post_receives(i)
             if isinstance(action, Comm):
                 if self.forward_only and action.tensor.kind is Kind.B:
                     continue
                 if action.is_send:
-                    self._send(action)
+                    with spans("send-post", 2, str(action)):
+                        self._send(action)
                 else:
-                    self._wait(action)
+                    with spans("recv-wait", 2, str(action)):
+                        self._wait(action)
             elif action.kind is Kind.F:
-                self._forward(action)
+                with spans("forward-compute", 2, str(action)):
+                    self._forward(action)
             elif not self.forward_only:
-                self._backward(action)
-        for work, _ in self.sends:
-            work.wait()
+                with spans("backward-compute", 2, str(action)):
+                    self._backward(action)
+        with spans("send-drain", 2):
+            for work, _ in self.sends:
+                work.wait()
         return self.tokens
 
     # ---------------------------------------------------------------------- communication
@@ -248,8 +276,9 @@ class _Step:
                 continue
             if self.forward_only and a.tensor.kind is Kind.B:
                 continue
-            buf = torch.empty(self._shape(a), dtype=self.rt.dtype, device=self.rt.device)
-            self.inbox[a.edge] = (buf, self.rt.p2p.irecv(buf, a.peer))
+            with self.spans("recv-post", 2, str(a)):
+                buf = torch.empty(self._shape(a), dtype=self.rt.dtype, device=self.rt.device)
+                self.inbox[a.edge] = (buf, self.rt.p2p.irecv(buf, a.peer))
 
     def _shape(self, comm: Comm) -> tuple[int, ...]:
         t = comm.tensor

@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden") / "losses.json"
-WORKER = Path(__file__).with_name("golden_worker.py")
+WORKER = Path(__file__).with_name("train_worker.py")
 
 
 def main_job_flags() -> list[str]:

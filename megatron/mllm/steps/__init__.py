@@ -36,6 +36,7 @@ from megatron.mllm.pipeline import (
 from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
+from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
@@ -57,9 +58,18 @@ def build_stage_model(run, mllm: MLLMConfig, pp_rank: int, pg_collection) -> Pla
 
 
 def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
-               device: torch.device) -> TrainingStep:  # fmt: skip
+               device: torch.device, timers: StepTimers = NULL_TIMERS) -> TrainingStep:  # fmt: skip
     """The run's training step, for the (unwrapped) stage model built by
-    :func:`build_stage_model`."""
+    :func:`build_stage_model`; it reports its time to ``timers``."""
+    step = _balanced(run, mllm, model, pg_collection, dispatcher, device)
+    step.timers = timers
+    if isinstance(step, SampleBalancedStep):
+        step.engine.timers = timers
+    return step
+
+
+def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device) -> TrainingStep:
+    """The engine alone, or the balancing step for the layout."""
     engine = _engine(run, mllm, model, pg_collection, device)
     if run.balance.post_balance == "none":
         return engine

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from megatron.mllm.data import LoadedMicrobatch
+from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
@@ -54,6 +55,9 @@ class TrainingStep:
     padded_length: int | None = None
     """The fixed length every microbatch is padded to, or None when the step packs without
     padding (it decides what the loader's assignment would have cost)."""
+
+    timers: StepTimers = NULL_TIMERS
+    """Where the step reports its time (the run's timers; see ``megatron.mllm.timers``)."""
 
     def __init__(self) -> None:
         self.balance_stats: BalanceStats | None = None
@@ -105,7 +109,9 @@ class PackedStep(TrainingStep):
 
     def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
-        microbatches = [self.pack(mb.pairs()) for mb in take(data_iterator, num_microbatches)]
+        loaded = take(data_iterator, num_microbatches)
+        with self.timers.span("pack"):
+            microbatches = [self.pack(mb.pairs()) for mb in loaded]
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
 
     def run_packed(self, microbatches: list, *, seq_length: int | None = None,

@@ -72,7 +72,8 @@ class PhaseBalancedStep(BalancedStep):
         local = [s for mb in loaded for s in mb.samples]
         disp = self.dispatcher
         me = disp.rank
-        plan = self.plan(batch)
+        with self.timers.span("plan"):
+            plan = self.plan(batch)
         self.begin(plan.digest)
         stats = BalanceStats()
         for p in plan.phases:
@@ -94,13 +95,14 @@ class PhaseBalancedStep(BalancedStep):
             samples = self._llm_samples(plan, batch.metadata, local)
             llm = plan.phase("llm")
             mine = llm.dispatch.dst_items(me)
-            mb_plan = self.form_microbatches(
-                llm.costs[mine],
-                llm.items.tokens[mine],
-                num_microbatches,
-                samples,
-                batch.metadata.sample_ids,
-            )
+            with self.timers.span("microbatches"):
+                mb_plan = self.form_microbatches(
+                    llm.costs[mine],
+                    llm.items.tokens[mine],
+                    num_microbatches,
+                    samples,
+                    batch.metadata.sample_ids,
+                )
             stats.num_microbatches = mb_plan.num_microbatches
             # Built one at a time: each holds a copy of its samples' encoder rows.
             microbatches = (
@@ -108,22 +110,24 @@ class PhaseBalancedStep(BalancedStep):
                 for mb in mb_plan.microbatches
             )
             total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
-            for i, packed in enumerate(microbatches):
-                output, num_tokens = forward_step(
-                    forward_step_func, iter([packed]), model[0], mb_plan.num_microbatches,
-                    None, losses, config, 1, collect_non_loss_data=collect_non_loss_data,
-                    is_first_microbatch=i == 0, current_microbatch=i, is_last_stage=True,
-                )  # fmt: skip
-                total_tokens += num_tokens
-                if not forward_only:
-                    backward_step(None, output, None, config)
+            with self.timers.span("llm-microbatches"):
+                for i, packed in enumerate(microbatches):
+                    output, num_tokens = forward_step(
+                        forward_step_func, iter([packed]), model[0], mb_plan.num_microbatches,
+                        None, losses, config, 1, collect_non_loss_data=collect_non_loss_data,
+                        is_first_microbatch=i == 0, current_microbatch=i, is_last_stage=True,
+                    )  # fmt: skip
+                    total_tokens += num_tokens
+                    if not forward_only:
+                        backward_step(None, output, None, config)
             if not forward_only:
                 # Encoder backward: gradients of the unit outputs go back once per phase.
                 for enc in self.mllm.encoders:
                     g = leaves[enc].grad
                     if g is None:  # no microbatch of this worker used the encoder's outputs
                         g = torch.zeros_like(leaves[enc])
-                    torch.autograd.backward(sent[enc], g)
+                    with self.timers.span("encoder-backward", detail=enc):
+                        torch.autograd.backward(sent[enc], g)
         if not forward_only and config.finalize_model_grads_func is not None:
             config.finalize_model_grads_func(
                 model,
@@ -150,11 +154,13 @@ class PhaseBalancedStep(BalancedStep):
             if units
             else torch.zeros(0, dim, device=device)
         )
-        got = disp.move(phase.dispatch, feats, phase.items.tokens[phase.dispatch.src_items(me)])
+        sizes = phase.items.tokens[phase.dispatch.src_items(me)]
+        got = disp.move(phase.dispatch, feats, sizes, label=f"{enc} inputs")
         lens = [int(n) for n in phase.items.tokens[phase.dispatch.dst_items(me)]]
         if lens:
             positions = torch.cat([torch.arange(n, device=device) for n in lens])
-            hidden = encoder.body(None, got, positions, thd_params(lens, device)).squeeze(1)
+            with self.timers.span("encoder-forward", detail=enc):
+                hidden = encoder.body(None, got, positions, thd_params(lens, device)).squeeze(1)
         else:
             hidden = torch.zeros(0, encoder.config.hidden_size, device=device,
                                  dtype=encoder.config.params_dtype,
@@ -164,6 +170,7 @@ class PhaseBalancedStep(BalancedStep):
             hidden,
             np.asarray(lens, dtype=np.int64),
             differentiable=not forward_only,
+            label=f"{enc} outputs",
         )
         arrivals = plan.encoder_arrivals(enc, me)
         arrived = arrived.index_select(0, torch.as_tensor(arrivals.order, device=device))
@@ -175,7 +182,10 @@ class PhaseBalancedStep(BalancedStep):
         llm = plan.phase("llm")
         tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local])).to(self.device)
         got = disp.move(
-            llm.dispatch, tokens.view(-1, 1), llm.items.tokens[llm.dispatch.src_items(me)]
+            llm.dispatch,
+            tokens.view(-1, 1),
+            llm.items.tokens[llm.dispatch.src_items(me)],
+            label="llm tokens",
         )
         samples, start = [], 0
         for item in llm.dispatch.dst_items(me).tolist():

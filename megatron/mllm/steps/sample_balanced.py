@@ -52,12 +52,15 @@ class SampleBalancedStep(BalancedStep):
         metadata = loaded[0].batch.metadata
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
-        plan = plan_whole_samples(metadata, self.cost_model, algorithm=self.algorithm)
+        with self.timers.span("plan"):
+            plan = plan_whole_samples(metadata, self.cost_model, algorithm=self.algorithm)
         self.begin(plan.digest)
         route = plan.dispatch
         # Token ids: every stage builds its labels and shapes from them.
         tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local]))
-        got_tokens = disp.move(route, tokens.view(-1, 1), route.rows[route.src_items(me)])
+        got_tokens = disp.move(
+            route, tokens.view(-1, 1), route.rows[route.src_items(me)], label="sample tokens"
+        )
         got_tokens = got_tokens[:, 0].numpy()
         feats: dict[str, np.ndarray] = {}
         if self.with_features:
@@ -70,18 +73,22 @@ class SampleBalancedStep(BalancedStep):
                     if parts
                     else torch.zeros(0, spec.input_dim)
                 )
-                got = disp.move(route.with_rows(rows), sent, rows[route.src_items(me)])
+                got = disp.move(
+                    route.with_rows(rows), sent, rows[route.src_items(me)],
+                    label=f"sample {enc} features",
+                )  # fmt: skip
                 feats[enc] = got.numpy()
         mine = route.dst_items(me)
         samples = self._samples(plan, metadata, mine, got_tokens, feats)
-        mb_plan = self.form_microbatches(
-            plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
-            metadata.sample_ids,
-        )  # fmt: skip
-        microbatches = [
-            self.engine.pack([(samples[i][1], samples[i][2]) for i in mb])
-            for mb in mb_plan.microbatches
-        ]
+        with self.timers.span("microbatches"):
+            mb_plan = self.form_microbatches(
+                plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
+                metadata.sample_ids,
+            )  # fmt: skip
+            microbatches = [
+                self.engine.pack([(samples[i][1], samples[i][2]) for i in mb])
+                for mb in mb_plan.microbatches
+            ]
         stats = BalanceStats(
             imbalance_before={"groups": plan.imbalance_before},
             imbalance_after={"groups": plan.imbalance_after},

@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """torchrun worker: train each configuration in turn in the same processes.
 
-Usage: ``golden_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. Each configuration trains
+Usage: ``train_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. Each configuration trains
 for its ``--train-iters`` with a fresh trainer and writes its metrics to ``OUT_DIR/NAME.jsonl``
 (the trainer's own ``--metrics-jsonl``). One launch saves the processes' start-up.
 """
@@ -18,13 +18,18 @@ from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 
 
+def fresh_trainer(flags: list[str]) -> Trainer:
+    """A trainer of ``flags`` in this process, after any earlier one's parallel state."""
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    return Trainer(RunConfig.from_args(parse_arguments(flags)))
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     for name, flags in configurations(sys.argv[2:]):
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
         metrics = os.path.join(out_dir, f"{name}.jsonl")
-        Trainer(RunConfig.from_args(parse_arguments([*flags, "--metrics-jsonl", metrics]))).train()
+        fresh_trainer([*flags, "--metrics-jsonl", metrics]).train()
     dist.destroy_process_group()
 
 

@@ -1,0 +1,88 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Timers in real runs: they cover every iteration on every rank, and cost nothing at level 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from golden_losses import MAIN_JOB
+from launch import check, torchrun
+
+pytestmark = pytest.mark.multiproc
+
+TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
+COUNT_WORKER = Path(__file__).with_name("timer_count_worker.py")
+LEVEL2 = ["--timing-log-level", "2", "--timing-log-option", "all", "--train-iters", "3"]
+RUNS = {
+    "dp2-balanced": ["--post-balance", "auto"],
+    "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"],
+}
+
+
+@pytest.fixture(scope="module")
+def timed_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("timed")
+    argv = [str(out)]
+    for name, flags in RUNS.items():
+        argv += [name, *MAIN_JOB, *flags, *LEVEL2, "---"]
+    proc = check(torchrun(2, TRAIN_WORKER, argv, timeout=600))
+    records = {
+        name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        for name in RUNS
+    }
+    return proc, records
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_timers_account_for_every_iteration_on_every_rank(run, timed_runs):
+    _, records = timed_runs
+    assert len(records[run]) == 3
+    for rec in records[run]:
+        t = rec["timers"]
+        for rank, total in enumerate(t["iteration_s"]):
+            parts = {name: per_rank[rank] for name, per_rank in t["partition"].items()}
+            assert sum(parts.values()) == pytest.approx(total, rel=1e-9)
+            assert 0 <= parts["other"] <= 0.10 * total, (run, rank, parts)
+            assert parts["forward-backward"] > 0 and parts["optimizer"] > 0
+
+
+def test_the_balanced_step_times_its_phases_and_splits_collective_waits(timed_runs):
+    _, records = timed_runs
+    t = records["dp2-balanced"][-1]["timers"]
+    for name in ("plan", "encoder-forward", "encoder-backward", "llm-microbatches",
+                 "all-to-all", "metadata-gather", "all-grads-sync", "forward-compute"):  # fmt: skip
+        assert name in t["seconds"] and len(t["seconds"][name]) == 2, name
+    waits = t["collectives"]["all-to-all"]
+    for rank in range(2):
+        assert waits["wait"][rank] >= 0 and waits["transfer"][rank] >= 0
+        assert waits["wait"][rank] + waits["transfer"][rank] == pytest.approx(
+            t["seconds"]["all-to-all"][rank], rel=1e-6
+        )
+
+
+def test_the_runtime_times_every_action(timed_runs):
+    proc, records = timed_runs
+    t = records["pp2-dynamic"][-1]["timers"]
+    for name in ("schedule", "forward-compute", "backward-compute", "recv-post", "recv-wait",
+                 "send-post"):  # fmt: skip
+        assert all(v > 0 for v in t["seconds"][name]), name
+    # --timing-log-option all: every rank's time of every timer in the log.
+    assert "times across ranks (ms):" in proc.stdout and "rank  1:" in proc.stdout
+
+
+def test_level_0_adds_no_clock_reading_no_gather_and_no_collective(tmp_path):
+    flags = [*MAIN_JOB, "--post-balance", "auto", "--train-iters", "2"]
+    check(torchrun(2, COUNT_WORKER, [str(tmp_path), *flags], timeout=300))
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    level0, level1 = counts["0"], counts["1"]
+    assert not {k for k in level0 if k.startswith("timers.")}, level0
+    assert level1["timers.clock"] > 0 and level1["timers.all_gather_objects"] == 2
+    assert level1["timers.clock_offsets"] == 1
+    # The collectives the timers add at level 1 are exactly their own gathers and the offsets'
+    # ping-pong; level 0 runs the step's collectives only.
+    extra = {k: level1.get(k, 0) - level0.get(k, 0) for k in set(level0) | set(level1)}
+    assert extra["dist.all_gather_object"] == 2
+    for name in ("dist.all_reduce", "dist.all_gather", "dist.all_to_all_single", "dist.barrier"):
+        assert extra.get(name, 0) == 0, (name, extra)
