@@ -222,6 +222,11 @@ def finish_arguments(args: argparse.Namespace) -> None:
         args.gpus_per_node = _default_gpus_per_node()
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+    if args.step_prediction and args.timing_log_level < 1:
+        raise ConfigError(
+            "--step-prediction sets predictions beside measurements: it needs "
+            "--timing-log-level 1 or 2"
+        )
     dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     if args.post_balance != "none" and args.node_wise_a2a and dp % args.gpus_per_node:
         raise ConfigError(

@@ -133,6 +133,11 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+def group_ranks(group) -> list[int]:
+    """The global ranks of a process group, in group order (no communication)."""
+    return dist.get_process_group_ranks(group)
+
+
 def barrier() -> None:
     """Wait for every rank (checkpoint files are complete only after it)."""
     dist.barrier()

@@ -114,7 +114,8 @@ class PostBalanceConfig:
 
     cost_calibration: str | None = None
     """Calibration JSON of measured per-layer times (tools/calibrate.py) for the balancer's cost
-    model. Default: costs from the model's FLOPs."""
+    model and SEMU's step prediction. Default: costs from the model's FLOPs (and SEMU's
+    analytic device model)."""
 
     @property
     def token_caps(self) -> dict[str, int]:
@@ -172,6 +173,12 @@ class LoggingConfig:
 
     metrics_jsonl: str | None = None
     """Append one JSON object of metrics per iteration to this file (last rank only)."""
+
+    step_prediction: bool = False
+    """Predict every iteration beside its measurement (needs --timing-log-level 1 or 2): SEMU's
+    step of the last rank's pipeline replica (same microbatches and schedule, the
+    --cost-calibration), or the balance plan's per-phase loads. Costs the last rank a few
+    milliseconds per iteration."""
 
 
 OPTION_GROUPS: tuple[tuple[str, type], ...] = (

@@ -49,10 +49,12 @@ from megatron.mllm.metrics import (  # noqa: E402
     iteration_metrics,
     write_metrics,
 )
+from megatron.mllm.prediction import StepPredictor, plan_record, semu_record  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import RankTimes, StepTimers, TimerLog, iteration_record  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
+from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.dispatcher import Dispatcher  # noqa: E402
 from orchestration.metadata import PlanError  # noqa: E402
 from orchestration.workload import WorkloadError  # noqa: E402
@@ -160,6 +162,12 @@ class Trainer:
             self.mllm.language.timers = self.timers
             run.optimizer.timers = self.timers
         self.clock_offsets = distributed.clock_offsets() if self.timers.level else None
+        self.predictor = None
+        if run.logging.step_prediction and distributed.global_rank() == run.parallel.world_size - 1:
+            calibration = None
+            if run.balance.cost_calibration:
+                calibration = Calibration.load(run.balance.cost_calibration)
+            self.predictor = StepPredictor(run, self.mllm, run.parallel.world_size, calibration)
         self.model = build_stage_model(run, self.mllm, self.pp_rank, self.pg_collection)
         self.model = self.model.to(self.device)
         self.ddp_model = DistributedDataParallel(
@@ -274,6 +282,19 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- loop
 
+    def prediction(self) -> dict[str, Any] | None:
+        """What OrchWeave predicted for the iteration just run (``megatron.mllm.prediction``);
+        None on ranks that do not predict."""
+        if self.predictor is None:
+            return None
+        stats = self.step.balance_stats
+        if stats is not None and stats.predicted_loads and self.run.parallel.pipeline == 1:
+            return plan_record(stats.predicted_loads, stats.unit)
+        step = self.predictor.predict(
+            self.step.last_samples, self.step.last_schedule, self.step.padded_length
+        )
+        return semu_record(step, distributed.group_ranks(self.pg_collection.pp))
+
     def metrics(self, result: IterationResult) -> dict[str, Any]:
         """Metadata-derived figures of an iteration: samples, tokens, FLOPs, imbalance."""
         m = iteration_metrics(
@@ -373,6 +394,9 @@ class _IntervalLog:
             mine = RankTimes.of(tr.timers.take(), seconds, keep_spans=False)
             m["timers"] = iteration_record(distributed.all_gather_objects(mine), tr.clock_offsets)
             self.timers.add(m["timers"])
+        predicted = tr.prediction()
+        if predicted is not None:
+            m["prediction"] = predicted
         balanced = tr.step.balance_stats
         self.stats.add(
             seconds,

@@ -117,6 +117,7 @@ def test_the_typed_run_config_carries_every_flag():
         (["--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "3"],
          r"--gpus-per-node 3 does not divide the data-parallel size 2"),  # fmt: skip
         (["--post-balance-token-caps", "video=10"], r"expected PHASE=TOKENS"),
+        (["--step-prediction"], r"--step-prediction .* needs --timing-log-level 1 or 2"),
     ],
 )
 def test_bad_flags_are_config_errors_not_tracebacks(flags, message):

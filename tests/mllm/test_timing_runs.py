@@ -14,7 +14,10 @@ pytestmark = pytest.mark.multiproc
 
 TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
 COUNT_WORKER = Path(__file__).with_name("timer_count_worker.py")
-LEVEL2 = ["--timing-log-level", "2", "--timing-log-option", "all", "--train-iters", "3"]
+LEVEL2 = [
+    "--timing-log-level", "2", "--timing-log-option", "all", "--train-iters", "3",
+    "--step-prediction",
+]  # fmt: skip
 RUNS = {
     "dp2-balanced": ["--post-balance", "auto"],
     "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"],
@@ -70,6 +73,23 @@ def test_the_runtime_times_every_action(timed_runs):
         assert all(v > 0 for v in t["seconds"][name]), name
     # --timing-log-option all: every rank's time of every timer in the log.
     assert "times across ranks (ms):" in proc.stdout and "rank  1:" in proc.stdout
+
+
+def test_each_iteration_records_what_was_predicted_for_it(timed_runs):
+    _, records = timed_runs
+    for rec in records["dp2-balanced"]:
+        # PP = 1 balanced: the plan's predicted load of every phase on both ranks.
+        p = rec["prediction"]
+        assert p["source"] == "plan" and set(p["phases"]) == {"vision", "audio", "llm"}
+        assert all(len(loads) == 2 and min(loads) > 0 for loads in p["phases"].values())
+    for rec in records["pp2-dynamic"]:
+        # PP = 2: SEMU's step of the replica, stage by stage, for the schedule that ran.
+        p = rec["prediction"]
+        assert p["source"] == "semu" and p["ranks"] == [0, 1]
+        assert p["step_s"] > 0 and len(p["busy_s"]) == 2
+        assert max(p["busy_s"]) <= p["step_s"] * (1 + 1e-9)
+        fwd = p["compute_s"]["forward-compute"]
+        assert all(v > 0 for v in fwd)
 
 
 def test_level_0_adds_no_clock_reading_no_gather_and_no_collective(tmp_path):

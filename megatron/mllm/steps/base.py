@@ -48,6 +48,12 @@ class BalanceStats:
     num_microbatches: int = 0
     """Microbatches this rank ran."""
 
+    predicted_loads: dict[str, list[float]] = field(default_factory=dict)
+    """Per phase, every rank's load under the plan (the prediction the plan acts on)."""
+
+    unit: str = "flops"
+    """Unit of the loads: ``flops``, or ``seconds`` with a calibrated cost model."""
+
 
 class TrainingStep:
     """Base of the training modes (see the module docstring)."""
@@ -62,6 +68,9 @@ class TrainingStep:
     def __init__(self) -> None:
         self.balance_stats: BalanceStats | None = None
         """What balancing did in the latest call; None for steps that do not balance."""
+        self.last_samples: list[list] = []
+        """The samples (``SampleMeta``) of each microbatch this rank's engine ran in the latest
+        call, for the prediction of the step; empty for the per-phase balanced step."""
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
                  seq_length: int | None = None, micro_batch_size: int | None = None,
@@ -75,6 +84,12 @@ class TrainingStep:
     def describe(self) -> str:
         """The step for the setup line: ``post-balance: ... | schedule: ...``."""
         raise NotImplementedError
+
+    @property
+    def last_schedule(self):
+        """The runtime's schedule of the latest call (``pipeweaver.schedule.Schedule``); None
+        when megatron-core's engine ran it (its order is fixed) or nothing was pipelined."""
+        return None
 
 
 def take(data_iterator, num_microbatches: int) -> list[LoadedMicrobatch]:
@@ -110,6 +125,7 @@ class PackedStep(TrainingStep):
     def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
         loaded = take(data_iterator, num_microbatches)
+        self.last_samples = [[s.meta for s in mb.samples] for mb in loaded]
         with self.timers.span("pack"):
             microbatches = [self.pack(mb.pairs()) for mb in loaded]
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
@@ -130,6 +146,10 @@ class PackedStep(TrainingStep):
 
     def describe(self) -> str:
         return f"post-balance: none | schedule: {self.schedule}"
+
+    @property
+    def last_schedule(self):
+        return None if self.runtime is None else self.runtime.last_schedule
 
 
 class BalancedStep(TrainingStep):

@@ -80,6 +80,8 @@ class PhaseBalancedStep(BalancedStep):
             stats.imbalance_before[p.phase] = p.imbalance_before
             stats.imbalance_after[p.phase] = p.imbalance_after
             stats.moved_fraction[p.phase] = p.moved_fraction
+            stats.predicted_loads[p.phase] = [float(x) for x in p.loads_after]
+            stats.unit = p.unit
         config = get_model_config(model[0])
         encoders = get_attr_wrapped_model(model[0], "encoders")
         no_sync = config.no_sync_func if config.no_sync_func is not None else contextlib.nullcontext

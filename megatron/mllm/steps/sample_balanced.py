@@ -47,6 +47,10 @@ class SampleBalancedStep(BalancedStep):
         text = self.describe_balance("whole samples across DP groups")
         return f"{text} | schedule: {self.engine.schedule}"
 
+    @property
+    def last_schedule(self):
+        return self.engine.last_schedule
+
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)
         metadata = loaded[0].batch.metadata
@@ -89,6 +93,7 @@ class SampleBalancedStep(BalancedStep):
                 self.engine.pack([(samples[i][1], samples[i][2]) for i in mb])
                 for mb in mb_plan.microbatches
             ]
+        self.last_samples = [[samples[i][1] for i in mb] for mb in mb_plan.microbatches]
         stats = BalanceStats(
             imbalance_before={"groups": plan.imbalance_before},
             imbalance_after={"groups": plan.imbalance_after},

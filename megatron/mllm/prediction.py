@@ -1,0 +1,135 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""What OrchWeave predicted for the step a run just ran, to set beside what it measured.
+
+Two predictions drive OrchWeave's decisions, and both are checked here, iteration by iteration
+(``--step-prediction``, and always in profiled iterations):
+
+* **SEMU's** for a pipeline replica (every step but the per-phase balanced one): the step of
+  *this rank's* replica simulated with the same microbatches, the same schedule (the runtime's,
+  or the one megatron-core's engine runs: no pipelining with PP = 1, 1F1B with PP > 1, padded)
+  and the run's calibration (``--cost-calibration``), on a cluster of this run's device type
+  and size;
+* **the plan's** for the per-phase balanced step (PP = 1): each rank's predicted load of each
+  phase (``PhasePlan.loads_after``), in seconds when the cost model is calibrated.
+
+The record goes into ``--metrics-jsonl`` as ``prediction`` (last rank), and
+``megatron.mllm.explain`` sets it beside the timers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from megatron.mllm.config import MLLMConfig
+from megatron.mllm.config_files import semu_model_spec
+from orchestration.calibration import Calibration
+from orchestration.workload import SampleMeta
+from pipeweaver.generators import generate
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
+from pipeweaver.semu.batches import pack_microbatch, structure_of
+from pipeweaver.semu.hardware import DEVICES, ClusterSpec
+from pipeweaver.semu.results import StepPrediction
+from pipeweaver.semu.simulator import Semu
+
+_GPU_NAMES = {"H100": "h100-sxm", "H200": "h200", "A100": "a100-80gb", "H800": "h800", "H20": "h20"}
+"""Substrings of ``torch.cuda.get_device_name()`` and SEMU's device for them."""
+
+
+def run_cluster(world_size: int, devices_per_node: int) -> ClusterSpec:
+    """SEMU's cluster of this run: its device type (CUDA's name, else the CPU), its size."""
+    device = DEVICES["cpu"]
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        # Longest match first: "H200" must not read as "H20".
+        for key in sorted(_GPU_NAMES, key=len, reverse=True):
+            if key in name:
+                device = DEVICES[_GPU_NAMES[key]]
+                break
+    return ClusterSpec(device, world_size, min(devices_per_node, world_size), name="this run")
+
+
+class StepPredictor:
+    """SEMU set up once for a run; :meth:`predict` simulates one replica's step."""
+
+    def __init__(self, run, mllm: MLLMConfig, world_size: int,
+                 calibration: Calibration | None):  # fmt: skip
+        """Args:
+        run: the :class:`~megatron.mllm.run_config.RunConfig`.
+        mllm: its model.
+        world_size: processes of the run.
+        calibration: measured costs of this machine (``--cost-calibration``), or None for
+            SEMU's analytic costs.
+        """
+        self.spec = semu_model_spec(run, mllm)
+        self.cluster = run_cluster(world_size, run.balance.gpus_per_node)
+        self.semu = Semu(self.spec, self.cluster, calibration)
+        self.encoders = list(mllm.encoders)
+        self.shape = mllm.shape()
+        self.sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+        self.seq_length = run.seq_length
+        self.pipeline = run.parallel.pipeline
+        self.layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
+
+    def predict(self, microbatches: Sequence[Sequence[SampleMeta]], schedule: Schedule | None,
+                pad_to: int | None) -> StepPrediction:  # fmt: skip
+        """SEMU's step of one replica.
+
+        Args:
+            microbatches: the samples of each microbatch the replica ran, in order.
+            schedule: the runtime's schedule; None for megatron-core's engine (its order is
+                generated: no pipelining with PP = 1, 1F1B otherwise).
+            pad_to: the fixed microbatch length the step padded to, if any.
+        """
+        mbs = [
+            pack_microbatch(
+                list(samples), self.encoders, pad_to, self.seq_length, self.sub_tokens,
+                lambda s: sum(self.shape.sample_phase_flops(s).values()),
+            )
+            for samples in microbatches
+        ]  # fmt: skip
+        if schedule is None:
+            placement = Placement.baseline(self.pipeline, self.layers)
+            name = "none" if self.pipeline == 1 else "1f1b"
+            schedule = generate(name, placement, structure_of(mbs, self.encoders))
+        return self.semu.simulate_step([schedule], [mbs])
+
+
+def semu_record(step: StepPrediction, replica_ranks: Sequence[int]) -> dict[str, Any]:
+    """The ``prediction`` entry of a SEMU prediction of one replica.
+
+    Args:
+        step: the prediction of this replica.
+        replica_ranks: the global rank of each of the replica's pipeline stages, in order.
+    """
+    stages = len(step.busy_s)
+    per_stage = {"F": [0.0] * stages, "B": [0.0] * stages}
+    actions: dict[str, list[float]] = {}
+    for e in step.events:
+        if e.category in per_stage:
+            per_stage[e.category][e.rank] += e.end - e.start
+            actions.setdefault(e.name, [0.0] * stages)[e.rank] += e.end - e.start
+    return {
+        "source": "semu",
+        "ranks": list(replica_ranks),
+        "step_s": step.step_time_s,
+        "busy_s": list(step.busy_s),
+        "compute_s": {"forward-compute": per_stage["F"], "backward-compute": per_stage["B"]},
+        "breakdown": dict(step.breakdown),
+        "actions_s": actions,
+    }
+
+
+def plan_record(predicted_loads: dict[str, list[float]], unit: str) -> dict[str, Any]:
+    """The ``prediction`` entry of the per-phase balanced step: the plan's loads per phase and
+    rank (seconds when calibrated, FLOPs otherwise)."""
+    ranks = len(next(iter(predicted_loads.values()), []))
+    total = [sum(loads[r] for loads in predicted_loads.values()) for r in range(ranks)]
+    return {
+        "source": "plan",
+        "unit": unit,
+        "phases": {p: list(v) for p, v in predicted_loads.items()},
+        "step_s": max(total) if unit == "seconds" and total else None,
+    }
