@@ -227,12 +227,49 @@ def finish_arguments(args: argparse.Namespace) -> None:
             "--step-prediction sets predictions beside measurements: it needs "
             "--timing-log-level 1 or 2"
         )
+    _check_profiling(args)
     dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     if args.post_balance != "none" and args.node_wise_a2a and dp % args.gpus_per_node:
         raise ConfigError(
             f"--node-wise-a2a: --gpus-per-node {args.gpus_per_node} does not divide the "
             f"data-parallel size {dp} (a node holds whole groups of DP ranks)"
         )
+
+
+def _check_profiling(args: argparse.Namespace) -> None:
+    ours = [f for f, v in (("--profile-trace", args.profile_trace),
+                           ("--profile-png", args.profile_png),
+                           ("--use-pytorch-profiler", args.use_pytorch_profiler)) if v]  # fmt: skip
+    if not args.profile:
+        if ours:
+            raise ConfigError(
+                f"{ours[0]} needs --profile (the profiled iterations are --profile-step-start "
+                "to --profile-step-end)"
+            )
+        return
+    start, end = args.profile_step_start, args.profile_step_end
+    if not 0 <= start < end:
+        raise ConfigError(
+            f"--profile-step-start {start} must be >= 0 and below --profile-step-end {end}"
+        )
+    if args.train_iters is not None and end > args.train_iters:
+        raise ConfigError(
+            f"--profile-step-end {end} is past --train-iters {args.train_iters}: the profiled "
+            f"iterations would not all run"
+        )
+    bad = [r for r in args.profile_ranks if not 0 <= r < args.world_size]
+    if bad:
+        raise ConfigError(
+            f"--profile-ranks {bad[0]} is not a rank of this {args.world_size}-rank run"
+        )
+    if args.profile_png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "--profile-png needs matplotlib, OrchWeave's optional extra 'plots': "
+                "pip install 'orchweave[plots]'"
+            ) from None
 
 
 def _check_pipeline(args: argparse.Namespace) -> None:

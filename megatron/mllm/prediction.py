@@ -12,12 +12,14 @@ Two predictions drive OrchWeave's decisions, and both are checked here, iteratio
 * **the plan's** for the per-phase balanced step (PP = 1): each rank's predicted load of each
   phase (``PhasePlan.loads_after``), in seconds when the cost model is calibrated.
 
-The record goes into ``--metrics-jsonl`` as ``prediction`` (last rank), and
-``megatron.mllm.explain`` sets it beside the timers.
+A :class:`PredictedIteration` holds either: its :meth:`~PredictedIteration.record` goes into
+``--metrics-jsonl`` as ``prediction`` (last rank), where ``megatron.mllm.explain`` sets it
+beside the timers; its events are the prediction's tracks of ``--profile-trace``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -31,7 +33,7 @@ from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import pack_microbatch, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
-from pipeweaver.semu.results import StepPrediction
+from pipeweaver.semu.results import Event, StepPrediction
 from pipeweaver.semu.simulator import Semu
 
 _GPU_NAMES = {"H100": "h100-sxm", "H200": "h200", "A100": "a100-80gb", "H800": "h800", "H20": "h20"}
@@ -97,39 +99,92 @@ class StepPredictor:
         return self.semu.simulate_step([schedule], [mbs])
 
 
-def semu_record(step: StepPrediction, replica_ranks: Sequence[int]) -> dict[str, Any]:
-    """The ``prediction`` entry of a SEMU prediction of one replica.
+@dataclass
+class PredictedIteration:
+    """What was predicted for one iteration: a timeline, and the figures beside the timers."""
+
+    iteration: int
+    """The iteration (1-based, as the log counts)."""
+
+    source: str
+    """``semu`` (a pipeline replica's simulated step) or ``plan`` (the balance plan's loads)."""
+
+    ranks: list[int]
+    """The global rank of each predicted track."""
+
+    events: list[Event]
+    """Predicted intervals, ``rank`` = index into :attr:`ranks`, seconds from the step's start."""
+
+    step_s: float | None
+    """The predicted step time (None for a plan: it predicts compute only)."""
+
+    busy_s: list[float]
+    """Predicted compute per track (seconds; the plan's unit for a plan)."""
+
+    unit: str = "seconds"
+    """Unit of the times: ``seconds``, or ``flops`` for a plan from the FLOP cost model."""
+
+    breakdown: dict[str, float] = field(default_factory=dict)
+    """SEMU's critical path: host, a2a, pipeline, allreduce_and_optimizer (seconds)."""
+
+    def record(self) -> dict[str, Any]:
+        """The ``prediction`` entry of ``--metrics-jsonl``."""
+        tracks = len(self.ranks)
+        per_kind = {"F": [0.0] * tracks, "B": [0.0] * tracks}
+        actions: dict[str, list[float]] = {}
+        phases: dict[str, list[float]] = {}
+        for e in self.events:
+            if e.category in per_kind:
+                per_kind[e.category][e.rank] += e.end - e.start
+                actions.setdefault(e.name, [0.0] * tracks)[e.rank] += e.end - e.start
+            if self.source == "plan":
+                phases.setdefault(e.module, [0.0] * tracks)[e.rank] += e.end - e.start
+        out: dict[str, Any] = {"source": self.source, "ranks": list(self.ranks),
+                               "unit": self.unit, "step_s": self.step_s,
+                               "busy_s": list(self.busy_s)}  # fmt: skip
+        if self.source == "plan":
+            out["phases"] = phases
+        else:
+            out["compute_s"] = {"forward-compute": per_kind["F"],
+                                "backward-compute": per_kind["B"]}  # fmt: skip
+            out["breakdown"] = dict(self.breakdown)
+            out["actions_s"] = actions
+        return out
+
+
+def from_semu(
+    iteration: int, step: StepPrediction, replica_ranks: Sequence[int]
+) -> PredictedIteration:
+    """SEMU's prediction of one replica's step.
 
     Args:
-        step: the prediction of this replica.
+        iteration: the iteration it predicts.
+        step: the prediction.
         replica_ranks: the global rank of each of the replica's pipeline stages, in order.
     """
-    stages = len(step.busy_s)
-    per_stage = {"F": [0.0] * stages, "B": [0.0] * stages}
-    actions: dict[str, list[float]] = {}
-    for e in step.events:
-        if e.category in per_stage:
-            per_stage[e.category][e.rank] += e.end - e.start
-            actions.setdefault(e.name, [0.0] * stages)[e.rank] += e.end - e.start
-    return {
-        "source": "semu",
-        "ranks": list(replica_ranks),
-        "step_s": step.step_time_s,
-        "busy_s": list(step.busy_s),
-        "compute_s": {"forward-compute": per_stage["F"], "backward-compute": per_stage["B"]},
-        "breakdown": dict(step.breakdown),
-        "actions_s": actions,
-    }
+    return PredictedIteration(
+        iteration, "semu", list(replica_ranks), list(step.events), step.step_time_s,
+        list(step.busy_s), "seconds", dict(step.breakdown),
+    )  # fmt: skip
 
 
-def plan_record(predicted_loads: dict[str, list[float]], unit: str) -> dict[str, Any]:
-    """The ``prediction`` entry of the per-phase balanced step: the plan's loads per phase and
-    rank (seconds when calibrated, FLOPs otherwise)."""
-    ranks = len(next(iter(predicted_loads.values()), []))
-    total = [sum(loads[r] for loads in predicted_loads.values()) for r in range(ranks)]
-    return {
-        "source": "plan",
-        "unit": unit,
-        "phases": {p: list(v) for p, v in predicted_loads.items()},
-        "step_s": max(total) if unit == "seconds" and total else None,
-    }
+def from_plan(iteration: int, predicted_loads: dict[str, list[float]], unit: str,
+              dp_ranks: Sequence[int]) -> PredictedIteration:  # fmt: skip
+    """The balance plan's prediction of the per-phase balanced step: each rank's phases (forward
+    and backward together) one after another, in the plan's unit. The plan predicts compute
+    only, so it has no step time.
+
+    Args:
+        iteration: the iteration it predicts.
+        predicted_loads: per phase, each DP rank's predicted load.
+        unit: ``seconds`` (calibrated cost model) or ``flops``.
+        dp_ranks: the global rank of each DP rank.
+    """
+    events, busy = [], []
+    for r in range(len(dp_ranks)):
+        t = 0.0
+        for phase, loads in predicted_loads.items():
+            events.append(Event(r, t, t + loads[r], f"{phase} (planned)", "F+B", phase))
+            t += loads[r]
+        busy.append(t)
+    return PredictedIteration(iteration, "plan", list(dp_ranks), events, None, busy, unit)

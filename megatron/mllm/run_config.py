@@ -180,6 +180,16 @@ class LoggingConfig:
     --cost-calibration), or the balance plan's per-phase loads. Costs the last rank a few
     milliseconds per iteration."""
 
+    profile_trace: str | None = None
+    """With --profile: write the profiled iterations as one Chrome/Perfetto trace here, a track
+    per rank (every timer at level 2, torch.profiler's events with --use-pytorch-profiler) and
+    a track per predicted rank (SEMU's, or the balance plan's, prediction of the same
+    iterations)."""
+
+    profile_png: str | None = None
+    """With --profile: draw the last profiled iteration here, measured above predicted on one
+    time axis (needs matplotlib: the 'plots' extra)."""
+
 
 OPTION_GROUPS: tuple[tuple[str, type], ...] = (
     ("OrchWeave: workload", WorkloadConfig),
@@ -281,6 +291,10 @@ class RunConfig:
     logging: LoggingConfig
     """Logs and metrics."""
 
+    profiling: Any = None
+    """``megatron.training.config.ProfilingConfig``: --profile, --use-pytorch-profiler,
+    --profile-step-start/-end, --profile-ranks, --record-memory-history."""
+
     args: Any = field(repr=False, default=None)
     """The parsed namespace itself, for megatron-core helpers that take Megatron's ``args``
     (``core_transformer_config_from_args``)."""
@@ -320,6 +334,7 @@ class RunConfig:
             CheckpointConfig,
             DistributedInitConfig,
             LoggerConfig,
+            ProfilingConfig,
             SchedulerConfig,
             TrainingConfig,
         )
@@ -362,5 +377,6 @@ class RunConfig:
             balance=config_from_args(PostBalanceConfig, args),
             pipeline=config_from_args(PipelineConfig, args),
             logging=config_from_args(LoggingConfig, args),
+            profiling=config_from_args(ProfilingConfig, args, use_nsys_profiler=args.profile),
             args=args,
         )

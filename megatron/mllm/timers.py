@@ -180,6 +180,9 @@ class StepTimers:
             if not self.enabled(level):
                 return _NULL
             timer = self._timers[name] = _Timer(self, name, level)
+        elif not self.enabled(timer.level) and not timer._open:
+            # The level was lowered (a profiled window ended): record nothing again.
+            return _NULL
         return timer
 
     def span(self, name: str, level: int = 1, detail: str | None = None,

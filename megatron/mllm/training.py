@@ -49,7 +49,13 @@ from megatron.mllm.metrics import (  # noqa: E402
     iteration_metrics,
     write_metrics,
 )
-from megatron.mllm.prediction import StepPredictor, plan_record, semu_record  # noqa: E402
+from megatron.mllm.prediction import (  # noqa: E402
+    PredictedIteration,
+    StepPredictor,
+    from_plan,
+    from_semu,
+)
+from megatron.mllm.profiling import MemoryHistory, StepProfiler  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import RankTimes, StepTimers, TimerLog, iteration_record  # noqa: E402
@@ -156,14 +162,17 @@ class Trainer:
             log.timing_log_option,
             sync=torch.cuda.synchronize if torch.cuda.is_available() else None,
         )
-        if self.timers.level:
+        rank, world = distributed.global_rank(), run.parallel.world_size
+        self.profiler = StepProfiler(run, self.timers, rank, world)
+        self.memory_history = MemoryHistory(run, rank, world)
+        if self.timers.level or self.profiler.collects:
             # megatron-core's schedules, finalize_model_grads and optimizer time themselves
             # through config.timers, as in Megatron-LM.
             self.mllm.language.timers = self.timers
             run.optimizer.timers = self.timers
         self.clock_offsets = distributed.clock_offsets() if self.timers.level else None
         self.predictor = None
-        if run.logging.step_prediction and distributed.global_rank() == run.parallel.world_size - 1:
+        if (run.logging.step_prediction or self.profiler.writes) and rank == world - 1:
             calibration = None
             if run.balance.cost_calibration:
                 calibration = Calibration.load(run.balance.cost_calibration)
@@ -282,18 +291,25 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- loop
 
-    def prediction(self) -> dict[str, Any] | None:
+    def prediction(self) -> PredictedIteration | None:
         """What OrchWeave predicted for the iteration just run (``megatron.mllm.prediction``);
         None on ranks that do not predict."""
         if self.predictor is None:
             return None
         stats = self.step.balance_stats
         if stats is not None and stats.predicted_loads and self.run.parallel.pipeline == 1:
-            return plan_record(stats.predicted_loads, stats.unit)
+            ranks = distributed.group_ranks(self.pg_collection.dp)
+            return from_plan(self.iteration, stats.predicted_loads, stats.unit, ranks)
         step = self.predictor.predict(
             self.step.last_samples, self.step.last_schedule, self.step.padded_length
         )
-        return semu_record(step, distributed.group_ranks(self.pg_collection.pp))
+        return from_semu(self.iteration, step, distributed.group_ranks(self.pg_collection.pp))
+
+    def schedule_actions(self) -> list[str] | None:
+        """This rank's actions of the runtime's latest schedule, in order (None without the
+        runtime)."""
+        schedule = self.step.last_schedule
+        return None if schedule is None else [str(a) for a in schedule.actions[self.pp_rank]]
 
     def metrics(self, result: IterationResult) -> dict[str, Any]:
         """Metadata-derived figures of an iteration: samples, tokens, FLOPs, imbalance."""
@@ -325,12 +341,13 @@ class Trainer:
         if distributed.global_rank() == 0:
             self._print_setup()
         while self.iteration < train_iters:
+            self.profiler.begin(self.iteration)
             start = time.perf_counter()
             result = self.train_step(self.iteration)
             seconds = time.perf_counter() - start
             self.iteration += 1
             results.append(result)
-            log.add(result, seconds)
+            log.add(result, start, seconds)
             saved = False
             if save and save_interval and self.iteration % save_interval == 0:
                 self.save()
@@ -385,18 +402,26 @@ class _IntervalLog:
         self.stats = IntervalStats()
         self.timers = TimerLog(trainer.timers.option)
 
-    def add(self, result: IterationResult, seconds: float) -> None:
-        """Account one iteration (collective over all ranks when timers are on)."""
+    def add(self, result: IterationResult, start: float, seconds: float) -> None:
+        """Account one iteration (collective over all ranks when timers are on, and at the end
+        of the profile window)."""
         tr, run = self.trainer, self.trainer.run
         m = tr.metrics(result)
-        if tr.timers.level:
+        profiled = tr.profiler.active(tr.iteration - 1)
+        spans = tr.timers.take() if tr.timers.level else []
+        if run.logger.timing_log_level:
             # Off the iteration's clock: every rank's timers, gathered once per iteration.
-            mine = RankTimes.of(tr.timers.take(), seconds, keep_spans=False)
+            mine = RankTimes.of(spans, seconds, keep_spans=False)
             m["timers"] = iteration_record(distributed.all_gather_objects(mine), tr.clock_offsets)
             self.timers.add(m["timers"])
-        predicted = tr.prediction()
-        if predicted is not None:
-            m["prediction"] = predicted
+        predicted = None
+        if run.logging.step_prediction or (profiled and tr.profiler.writes):
+            predicted = tr.prediction()
+        if predicted is not None and run.logging.step_prediction:
+            m["prediction"] = predicted.record()
+        if profiled:
+            actions = tr.schedule_actions()
+            tr.profiler.end(tr.iteration, start, seconds, spans, actions, predicted)
         balanced = tr.step.balance_stats
         self.stats.add(
             seconds,
@@ -426,10 +451,11 @@ class _IntervalLog:
                 tr.iteration, run.training.train_iters, tr.iteration * gbs, self.stats,
                 distributed.world_size(), lr, gbs, result.loss, result.grad_norm,
             )  # fmt: skip
-            if tr.timers.level:
+            if run.logger.timing_log_level:
                 line += "\n" + self.timers.format()
                 self.timers = TimerLog(tr.timers.option)
             print(line, flush=True)
+            tr.memory_history.dump()
             self.stats = IntervalStats()
 
 

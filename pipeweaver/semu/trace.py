@@ -19,7 +19,10 @@ from pipeweaver.semu.results import Event, StepPrediction
 MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
 """Base colour of each module; forwards are drawn lighter, backwards darker."""
 
-OTHER_COLORS = {"allreduce": "#7f7f7f", "optimizer": "#9467bd", "host": "#d9d9d9", "a2a": "#8c564b"}
+OTHER_COLORS = {
+    "allreduce": "#7f7f7f", "optimizer": "#9467bd", "host": "#d9d9d9", "a2a": "#8c564b",
+    "p2p": "#e377c2",
+}  # fmt: skip
 
 
 def _shade(hex_color: str, factor: float) -> str:
@@ -34,6 +37,8 @@ def _shade(hex_color: str, factor: float) -> str:
 
 def event_color(e: Event) -> str:
     """Colour of an event: module hue, light for F, dark for B; fixed colours otherwise."""
+    if e.category == "F+B":  # a plan's load of a phase, forward and backward together
+        return MODULE_COLORS.get(e.module, "#17becf")
     if e.category in ("F", "B"):
         base = MODULE_COLORS.get(e.module, "#17becf")
         return _shade(base, 1.45) if e.category == "F" else _shade(base, 0.75)
@@ -88,7 +93,7 @@ def write_chrome_trace(result: StepPrediction, path: str | os.PathLike, name: st
         json.dump(chrome_trace(result, name), f)
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's ``pyplot`` and ``Patch``, drawing to files only (the Agg backend).
 
     Raises:
@@ -116,7 +121,7 @@ def write_png(
     Raises:
         ImportError: matplotlib is not installed (``pip install 'orchweave[plots]'``).
     """
-    plt, Patch = _pyplot()
+    plt, Patch = pyplot()
 
     ranks = sorted({e.rank for e in result.events})[:max_ranks]
     fig_h = 1.6 + 0.5 * len(ranks)

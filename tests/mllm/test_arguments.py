@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
 import subprocess
 import sys
+
+import pytest
 
 from megatron.mllm.arguments import ConfigError, parse_arguments
 from megatron.mllm.run_config import OPTION_GROUPS, EncoderArgs, RunConfig
@@ -118,6 +118,12 @@ def test_the_typed_run_config_carries_every_flag():
          r"--gpus-per-node 3 does not divide the data-parallel size 2"),  # fmt: skip
         (["--post-balance-token-caps", "video=10"], r"expected PHASE=TOKENS"),
         (["--step-prediction"], r"--step-prediction .* needs --timing-log-level 1 or 2"),
+        (["--profile-trace", "t.json"], r"--profile-trace needs --profile"),
+        (["--profile", "--train-iters", "5"], r"--profile-step-end 12 is past --train-iters 5"),
+        (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"],
+         r"--profile-step-start 3 must be >= 0 and below --profile-step-end 3"),  # fmt: skip
+        (["--profile", "--profile-step-start", "0", "--profile-step-end", "1", "--profile-ranks",
+          "2"], r"--profile-ranks 2 is not a rank of this 2-rank run"),  # fmt: skip
     ],
 )
 def test_bad_flags_are_config_errors_not_tracebacks(flags, message):
