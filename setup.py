@@ -34,6 +34,7 @@ setup(
             "orchweave-workload = megatron.mllm.cli.workload:main",
             "orchweave-balance-report = megatron.mllm.cli.balance_report:main",
             "orchweave-calibrate = megatron.mllm.cli.calibrate:main",
+            "orchweave-explain-step = megatron.mllm.cli.explain_step:main",
         ]
     },
 )

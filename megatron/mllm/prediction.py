@@ -127,6 +127,9 @@ class PredictedIteration:
     breakdown: dict[str, float] = field(default_factory=dict)
     """SEMU's critical path: host, a2a, pipeline, allreduce_and_optimizer (seconds)."""
 
+    loads_before: dict[str, list[float]] = field(default_factory=dict)
+    """A plan's per-phase loads of every rank before balancing (Megatron's assignment)."""
+
     def record(self) -> dict[str, Any]:
         """The ``prediction`` entry of ``--metrics-jsonl``."""
         tracks = len(self.ranks)
@@ -144,10 +147,15 @@ class PredictedIteration:
                                "busy_s": list(self.busy_s)}  # fmt: skip
         if self.source == "plan":
             out["phases"] = phases
+            out["phases_before"] = {p: list(v) for p, v in self.loads_before.items()}
         else:
             out["compute_s"] = {"forward-compute": per_kind["F"],
                                 "backward-compute": per_kind["B"]}  # fmt: skip
             out["breakdown"] = dict(self.breakdown)
+            categories: dict[str, list[float]] = {}
+            for e in self.events:
+                categories.setdefault(e.category, [0.0] * tracks)[e.rank] += e.end - e.start
+            out["category_s"] = categories
             out["actions_s"] = actions
         return out
 
@@ -169,7 +177,8 @@ def from_semu(
 
 
 def from_plan(iteration: int, predicted_loads: dict[str, list[float]], unit: str,
-              dp_ranks: Sequence[int]) -> PredictedIteration:  # fmt: skip
+              dp_ranks: Sequence[int],
+              loads_before: dict[str, list[float]] | None = None) -> PredictedIteration:  # fmt: skip
     """The balance plan's prediction of the per-phase balanced step: each rank's phases (forward
     and backward together) one after another, in the plan's unit. The plan predicts compute
     only, so it has no step time.
@@ -179,6 +188,7 @@ def from_plan(iteration: int, predicted_loads: dict[str, list[float]], unit: str
         predicted_loads: per phase, each DP rank's predicted load.
         unit: ``seconds`` (calibrated cost model) or ``flops``.
         dp_ranks: the global rank of each DP rank.
+        loads_before: per phase, each DP rank's load before balancing.
     """
     events, busy = [], []
     for r in range(len(dp_ranks)):
@@ -187,4 +197,6 @@ def from_plan(iteration: int, predicted_loads: dict[str, list[float]], unit: str
             events.append(Event(r, t, t + loads[r], f"{phase} (planned)", "F+B", phase))
             t += loads[r]
         busy.append(t)
-    return PredictedIteration(iteration, "plan", list(dp_ranks), events, None, busy, unit)
+    return PredictedIteration(
+        iteration, "plan", list(dp_ranks), events, None, busy, unit, {}, dict(loads_before or {})
+    )

@@ -39,7 +39,7 @@ from megatron.mllm.step_trace import (
     summary_lines,
     write_comparison_png,
 )
-from megatron.mllm.timers import Span, StepTimers
+from megatron.mllm.timers import RankTimes, Span, StepTimers, iteration_record
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +186,19 @@ class StepProfiler:
                     break
         return out
 
+    def _records(self, gathered: list[list[ProfiledIteration]], offsets: list[float]) -> list:
+        """The iterations as ``--metrics-jsonl`` records its timers and prediction (what
+        ``orchweave-explain-step`` reads)."""
+        predicted = {p.iteration: p.record() for p in self.predictions}
+        out = []
+        for i, it in enumerate(gathered[0]):
+            times = [RankTimes.of(rank[i].spans, rank[i].seconds) for rank in gathered]
+            record = {"iteration": it.iteration, "timers": iteration_record(times, offsets)}
+            if it.iteration in predicted:
+                record["prediction"] = predicted[it.iteration]
+            out.append(record)
+        return out
+
     def _write(self, gathered: list[list[ProfiledIteration]], offsets: list[float]) -> None:
         iterations = sorted({it.iteration for it in gathered[0]})
         predicted = {p.iteration: p for p in self.predictions}
@@ -198,6 +211,7 @@ class StepProfiler:
             print("> profile: " + "\n> profile: ".join(lines), flush=True)
         if self.trace_path:
             trace = profile_trace(gathered, offsets, list(predicted.values()))
+            trace["otherData"]["records"] = self._records(gathered, offsets)
             with open(self.trace_path, "w", encoding="utf-8") as f:
                 json.dump(trace, f)
         if self.png_path:

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
+from pipeweaver.ir import LETTER_MODULE as MODULE_OF_LETTER
+
 OTHER = "other"
 """The part of an iteration no depth-0 timer covers."""
 
@@ -146,13 +148,16 @@ class StepTimers:
 
     def __init__(self, level: int = 0, option: str = "minmax",
                  sync: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+                 clock: Callable[[], float] = time.perf_counter,
+                 groups: Mapping[str, Sequence[int]] | None = None):  # fmt: skip
         """Args:
         level: ``--timing-log-level``: 0, 1 or 2.
         option: ``--timing-log-option``: ``max``, ``minmax`` or ``all``.
         sync: called at every start and stop (``torch.cuda.synchronize`` on GPUs, so that a
             span ends when the device is done); None on CPU.
         clock: seconds (``time.perf_counter``: on Linux one monotonic clock per host).
+        groups: the ranks of the collective that a timer of megatron-core's protocol times
+            (``all-grads-sync``: the DP group), so that its wait is split off too.
         """
         if level not in (0, 1, 2):
             raise ValueError(f"--timing-log-level must be 0, 1 or 2, got {level}")
@@ -162,6 +167,7 @@ class StepTimers:
         self.option = option
         self.sync = sync
         self.clock = clock
+        self.groups = {name: tuple(ranks) for name, ranks in (groups or {}).items()}
         self.spans: list[Span] = []
         """Spans recorded since the last :meth:`take`."""
         self._timers: dict[str, _Timer] = {}
@@ -179,7 +185,7 @@ class StepTimers:
             level = 1 if log_level is None else log_level
             if not self.enabled(level):
                 return _NULL
-            timer = self._timers[name] = _Timer(self, name, level)
+            timer = self._timers[name] = _Timer(self, name, level, group=self.groups.get(name))
         elif not self.enabled(timer.level) and not timer._open:
             # The level was lowered (a profiled window ended): record nothing again.
             return _NULL
@@ -226,6 +232,44 @@ def seconds_by_name(spans: Iterable[Span]) -> dict[str, float]:
     return out
 
 
+def exclusive_seconds(spans: Iterable[Span]) -> dict[str, float]:
+    """Seconds of each timer name not inside another span (its self time): with :data:`OTHER`
+    they add up to the iteration."""
+    spans = sorted(spans, key=lambda s: (s.start, s.depth))
+    out = seconds_by_name(spans)
+    for i, parent in enumerate(spans):
+        for child in spans[i + 1 :]:
+            if child.start >= parent.end:
+                break
+            if child.depth == parent.depth + 1:
+                out[parent.name] -= child.seconds
+    return out
+
+
+def detail_key(span: Span) -> str | None:
+    """What a span's time is summed under besides its name: the module of a compute action
+    (``v1F3.0`` -> ``vision``), the detail of a once-per-iteration span (an encoder, an
+    exchange); None for the many small ones (each send and receive)."""
+    if span.detail is None:
+        return None
+    if span.level == 1:
+        return span.detail
+    if span.name in ("forward-compute", "backward-compute"):
+        return MODULE_OF_LETTER.get(span.detail[:1])
+    return None
+
+
+def seconds_by_detail(spans: Iterable[Span]) -> dict[str, dict[str, float]]:
+    """Per timer name, seconds per :func:`detail_key`."""
+    out: dict[str, dict[str, float]] = {}
+    for s in spans:
+        key = detail_key(s)
+        if key is not None:
+            per = out.setdefault(s.name, {})
+            per[key] = per.get(key, 0.0) + s.seconds
+    return out
+
+
 def partition(spans: Iterable[Span], iteration_s: float) -> dict[str, float]:
     """The depth-0 timers of an iteration and what they leave out (:data:`OTHER`)."""
     top = seconds_by_name(s for s in spans if s.depth == 0)
@@ -252,11 +296,14 @@ class RankTimes:
     collectives: list[Span] = field(default_factory=list)
     """Spans of collectives (with their group), for the waits."""
 
-    spans: list[Span] = field(default_factory=list)
-    """Every span, when a trace or the explanation needs them."""
+    exclusive: dict[str, float] = field(default_factory=dict)
+    """Self seconds per timer name (:func:`exclusive_seconds`)."""
+
+    detail: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per timer name, seconds per module, encoder or exchange (:func:`seconds_by_detail`)."""
 
     @classmethod
-    def of(cls, spans: list[Span], iteration_s: float, keep_spans: bool) -> "RankTimes":
+    def of(cls, spans: list[Span], iteration_s: float) -> "RankTimes":
         """Summarise one rank's spans of one iteration."""
         spans = sorted(spans, key=lambda s: s.start)
         depth: dict[str, int] = {}
@@ -268,7 +315,8 @@ class RankTimes:
             partition(spans, iteration_s),
             depth,
             [s for s in spans if s.group is not None],
-            list(spans) if keep_spans else [],
+            exclusive_seconds(spans),
+            seconds_by_detail(spans),
         )
 
 
@@ -308,12 +356,23 @@ def collective_waits(
 
 def iteration_record(ranks: Sequence[RankTimes], offsets: Sequence[float]) -> dict:
     """The ``timers`` entry of one iteration's metrics: every rank's seconds per timer (in rank
-    order), the depth-0 partition, and the collectives' waits."""
+    order), their self seconds, the seconds per module, encoder or exchange, the depth-0
+    partition, and the collectives' waits."""
     # Names in the order they first start, rank by rank: the log reads like the step.
     names = list(dict.fromkeys(n for r in ranks for n in r.seconds))
     tops = list(dict.fromkeys(n for r in ranks for n in r.top))
+    details: dict[str, list[str]] = {}
+    for r in ranks:
+        for n, per in r.detail.items():
+            details.setdefault(n, [])
+            details[n] += [k for k in per if k not in details[n]]
     return {
         "seconds": {n: [r.seconds.get(n, 0.0) for r in ranks] for n in names},
+        "exclusive": {n: [r.exclusive.get(n, 0.0) for r in ranks] for n in names},
+        "detail": {
+            n: {k: [r.detail.get(n, {}).get(k, 0.0) for r in ranks] for k in keys}
+            for n, keys in details.items()
+        },
         "depth": {n: min(r.depth.get(n, 99) for r in ranks) for n in names},
         "partition": {n: [r.top.get(n, 0.0) for r in ranks] for n in tops},
         "iteration_s": [r.iteration_s for r in ranks],

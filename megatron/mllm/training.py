@@ -161,6 +161,10 @@ class Trainer:
             log.timing_log_level,
             log.timing_log_option,
             sync=torch.cuda.synchronize if torch.cuda.is_available() else None,
+            # megatron-core's gradient reduction and the trainer's loss sum run over DP.
+            groups=dict.fromkeys(
+                ("all-grads-sync", "loss-reduce"), distributed.group_ranks(self.pg_collection.dp)
+            ),
         )
         rank, world = distributed.global_rank(), run.parallel.world_size
         self.profiler = StepProfiler(run, self.timers, rank, world)
@@ -299,7 +303,8 @@ class Trainer:
         stats = self.step.balance_stats
         if stats is not None and stats.predicted_loads and self.run.parallel.pipeline == 1:
             ranks = distributed.group_ranks(self.pg_collection.dp)
-            return from_plan(self.iteration, stats.predicted_loads, stats.unit, ranks)
+            return from_plan(self.iteration, stats.predicted_loads, stats.unit, ranks,
+                             stats.predicted_loads_before)  # fmt: skip
         step = self.predictor.predict(
             self.step.last_samples, self.step.last_schedule, self.step.padded_length
         )
@@ -411,7 +416,7 @@ class _IntervalLog:
         spans = tr.timers.take() if tr.timers.level else []
         if run.logger.timing_log_level:
             # Off the iteration's clock: every rank's timers, gathered once per iteration.
-            mine = RankTimes.of(spans, seconds, keep_spans=False)
+            mine = RankTimes.of(spans, seconds)
             m["timers"] = iteration_record(distributed.all_gather_objects(mine), tr.clock_offsets)
             self.timers.add(m["timers"])
         predicted = None

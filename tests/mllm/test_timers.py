@@ -63,11 +63,35 @@ def test_levels_nesting_and_the_partition():
         ("forward-backward", 0),
     ]  # fmt: skip
     assert spans[2].detail == "vision inputs" and spans[2].group == (0, 1)
-    times = RankTimes.of(spans, iteration_s=12.0, keep_spans=False)
+    times = RankTimes.of(spans, iteration_s=12.0)
     assert times.top == {"batch-generator": 1.0, "forward-backward": 7.0, OTHER: 4.0}
     assert times.seconds["forward-backward"] == 7.0 and times.depth["plan"] == 1
     assert [s.name for s in times.collectives] == ["all-to-all"]
+    # Self time: forward-backward less plan, all-to-all and the optimizer inside it.
+    assert times.exclusive == {"batch-generator": 1.0, "plan": 1.0, "all-to-all": 1.0,
+                               "optimizer-inner-step": 1.0, "forward-backward": 4.0}  # fmt: skip
+    assert sum(times.exclusive.values()) + times.top[OTHER] == 12.0
+    assert times.detail == {"all-to-all": {"vision inputs": 1.0}}
     assert t.take() == []
+
+
+def test_compute_actions_sum_per_module_and_megatron_timers_know_their_group():
+    t = StepTimers(2, clock=FakeClock(), groups={"all-grads-sync": [0, 1]})
+    for action in ("v0F0", "l1F0", "l1B0", "a0B1.2"):
+        name = "backward-compute" if "B" in action else "forward-compute"
+        with t.span(name, level=2, detail=action):
+            pass
+    with t.span("recv-wait", 2, "r1:l0F0"):  # one per receive: not kept per detail
+        pass
+    with t("all-grads-sync", 1):
+        pass
+    spans = t.take()
+    times = RankTimes.of(spans, iteration_s=20.0)
+    assert times.detail == {
+        "forward-compute": {"vision": 1.0, "llm": 1.0},
+        "backward-compute": {"llm": 1.0, "audio": 1.0},
+    }
+    assert [s.group for s in times.collectives] == [(0, 1)]
 
 
 def test_sync_runs_at_every_start_and_stop():

@@ -51,6 +51,9 @@ class BalanceStats:
     predicted_loads: dict[str, list[float]] = field(default_factory=dict)
     """Per phase, every rank's load under the plan (the prediction the plan acts on)."""
 
+    predicted_loads_before: dict[str, list[float]] = field(default_factory=dict)
+    """Per phase, every rank's load had its own samples stayed (Megatron's assignment)."""
+
     unit: str = "flops"
     """Unit of the loads: ``flops``, or ``seconds`` with a calibrated cost model."""
 

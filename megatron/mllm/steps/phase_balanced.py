@@ -81,6 +81,7 @@ class PhaseBalancedStep(BalancedStep):
             stats.imbalance_after[p.phase] = p.imbalance_after
             stats.moved_fraction[p.phase] = p.moved_fraction
             stats.predicted_loads[p.phase] = [float(x) for x in p.loads_after]
+            stats.predicted_loads_before[p.phase] = [float(x) for x in p.loads_before]
             stats.unit = p.unit
         config = get_model_config(model[0])
         encoders = get_attr_wrapped_model(model[0], "encoders")
