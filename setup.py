@@ -24,8 +24,18 @@ setup(
         # Imported only where used, with an error naming the extra when missing.
         "ilp": ["highspy"],  # the ILP lower bound of orchestration.bounds
         "plots": ["matplotlib"],  # SEMU's PNG timeline
-        # The tests exercise both optional paths.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "highspy", "matplotlib"],
+        "tensorboard": ["tensorboard"],  # --tensorboard-dir (megatron.mllm.reporting)
+        "wandb": ["wandb"],  # --wandb-project, offline by default
+        # The tests exercise every optional path.
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "hypothesis>=6",
+            "highspy",
+            "matplotlib",
+            "tensorboard",
+            "wandb",
+        ],
         "gpu": ["transformer-engine[pytorch]"],
     },
     entry_points={
