@@ -26,7 +26,9 @@ A record becomes scalars by :func:`record_scalars`: nested dicts flatten into ta
 (``imbalance/vision``), per-rank lists into their ``min``, ``max`` and ``mean``
 (``timers/forward-backward/max``), and throughput is derived as the log line derives it
 (``samples_per_s``, ``tokens_per_s``, ``tflops_per_gpu``). Values that are not numbers (None
-included) are skipped.
+included) are skipped. In a ``timers`` entry shaped as ``megatron.mllm.timers`` records one
+iteration (``seconds``, ``depth``, ``partition``, ``collectives``), the per-name ``seconds``
+are the timers' own tags and ``depth`` (the log's indentation) is left out.
 
 Both backends are optional extras (``orchweave[tensorboard]``, ``orchweave[wandb]``), imported
 only when asked for; asking for one that is not installed is a ``ConfigError`` on every rank,
