@@ -19,13 +19,23 @@ setup(
     python_requires=">=3.12",
     packages=find_namespace_packages(include=["megatron.mllm*", "orchestration*", "pipeweaver*"]),
     package_data={"orchestration": ["workloads/*.json"]},
-    install_requires=["megatron-core==0.19.2", "numpy"],
+    install_requires=["megatron-core==0.19.2", "numpy", "tqdm"],
     extras_require={
         # Imported only where used, with an error naming the extra when missing.
         "ilp": ["highspy"],  # the ILP lower bound of orchestration.bounds
         "plots": ["matplotlib"],  # SEMU's PNG timeline
-        # The tests exercise both optional paths.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "highspy", "matplotlib"],
+        "tensorboard": ["tensorboard"],  # --tensorboard-dir (megatron.mllm.reporting)
+        "wandb": ["wandb"],  # --wandb-project, offline by default
+        # The tests exercise every optional path.
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "hypothesis>=6",
+            "highspy",
+            "matplotlib",
+            "tensorboard",
+            "wandb",
+        ],
         "gpu": ["transformer-engine[pytorch]"],
     },
     entry_points={

@@ -25,7 +25,7 @@ prints :func:`compare_algorithms`.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -48,6 +48,14 @@ ILP_MAX_ITEMS = 400
 """...and this many items."""
 
 T = TypeVar("T")
+
+Progress = Callable[[Iterable[T], str], Iterable[T]]
+"""Wraps a loop's iterable, given a label, e.g. in a progress bar (the tool's
+``megatron.mllm.cli.progress.progress``); it must yield the same items."""
+
+
+def _no_progress(items: Iterable[T], desc: str) -> Iterable[T]:
+    return items
 
 
 def rank_samples(
@@ -111,6 +119,7 @@ def evaluate(
     gpus_per_node: int = 8,
     ilp_seconds: float = 3.0,
     algorithms: Sequence[str] = ALGORITHMS,
+    progress: Progress = _no_progress,
 ) -> dict[str, Any]:
     """Every algorithm on every phase of one gathered batch.
 
@@ -120,6 +129,7 @@ def evaluate(
         gpus_per_node: ranks per node, for the node-aware locality mapping.
         ilp_seconds: time limit of the ILP bound per phase (0 disables).
         algorithms: which rows, from :data:`ALGORITHMS`.
+        progress: wraps the loop over the phases (each runs every algorithm and the bound).
 
     Returns:
         ``{plan_iteration_ms, digest, cost_unit, phases}``: ``phases[phase]`` is ``{items,
@@ -150,9 +160,9 @@ def evaluate(
         )
         sample_dst = res.bins
     phases: dict[str, Any] = {}
-    for phase in PHASES:
-        if phase not in cost_model:
-            continue
+    # The phases, not the algorithms, get the steps: an algorithm takes milliseconds even at
+    # DP 2560, the ILP bound up to ilp_seconds per phase.
+    for phase in progress([p for p in PHASES if p in cost_model], "phases"):
         items = phase_items(metadata, phase)
         costs = cost_model[phase].item_costs(items.tokens, items.out_tokens)
         before = np.bincount(items.owner, weights=costs, minlength=d)
@@ -222,6 +232,7 @@ def compare_algorithms(
     *,
     gpus_per_node: int = 8,
     ilp_seconds: float = 3.0,
+    progress: Progress = _no_progress,
 ) -> dict[str, Any]:
     """:func:`evaluate` on the batch :func:`rank_samples` loads, with its ``source``.
 
@@ -231,5 +242,8 @@ def compare_algorithms(
     """
     ranks, source = rank_samples(stream, dp, samples_per_rank)
     metadata = GatheredMetadata.from_rank_samples(ranks)
-    report = evaluate(metadata, cost_model, gpus_per_node=gpus_per_node, ilp_seconds=ilp_seconds)
+    report = evaluate(
+        metadata, cost_model, gpus_per_node=gpus_per_node, ilp_seconds=ilp_seconds,
+        progress=progress,
+    )  # fmt: skip
     return {"source": source, **report}

@@ -1,12 +1,17 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""The shared argument parsing of the command-line tools (megatron.mllm.cli.args)."""
+"""What the command-line tools share: argument parsing (megatron.mllm.cli.args) and progress
+bars (megatron.mllm.cli.progress)."""
 
 from __future__ import annotations
 
 import argparse
+import io
+import sys
 
 import pytest
+from tqdm import tqdm
 
+from megatron.mllm.cli import progress
 from megatron.mllm.cli.args import EXIT_ERROR, ToolParser, number
 
 
@@ -38,3 +43,45 @@ def test_tool_parser_error_is_one_line(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("usage: tool")
     assert err[-1] == "error: argument --n: expected a positive integer, got '0'"
+
+
+class _Stderr(io.StringIO):
+    """A captured stderr that claims to be (or not to be) a terminal."""
+
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_is_the_plain_iterable_unless_stderr_is_a_terminal(monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
+    items = [1, 2, 3]
+    monkeypatch.setattr(sys, "stderr", _Stderr(tty=False))
+    assert progress.progress(items, "x") is items
+    monkeypatch.setattr(sys, "stderr", _Stderr(tty=True))
+    bar = progress.progress(items, "x", leave=False)
+    assert isinstance(bar, tqdm) and list(bar) == items
+    # Off by the environment (the suite's setting) and by --no-progress, on a terminal too.
+    monkeypatch.setenv(progress.ENV, "0")
+    assert progress.progress(items, "x") is items
+    monkeypatch.delenv(progress.ENV)
+    parser = argparse.ArgumentParser()
+    progress.add_no_progress_flag(parser)
+    monkeypatch.setattr(progress, "_enabled", True)
+    assert vars(parser.parse_args(["--no-progress"])) == {}
+    assert progress.progress(items, "x") is items
+
+
+def test_progress_echo_writes_the_same_bytes_with_a_bar(monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
+    outputs = []
+    for tty in (False, True):
+        monkeypatch.setattr(sys, "stderr", _Stderr(tty))
+        out = io.StringIO()
+        for i in progress.progress(range(3), "x", leave=False):
+            progress.echo(f"line {i}", file=out)
+        outputs.append(out.getvalue())
+    assert outputs[0] == outputs[1] == "line 0\nline 1\nline 2\n"

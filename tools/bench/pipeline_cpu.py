@@ -24,6 +24,7 @@ import argparse
 
 from cpu_runs import run_main_job, summarize
 
+from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import find_config, load_run_config, set_flags
 from orchestration.calibration import Calibration
 from pipeweaver.semu.hardware import ClusterSpec
@@ -50,7 +51,7 @@ def semu_step_times(
     ).semu
     semu = Semu(spec, cluster, Calibration.load(calibration))
     total = 0.0
-    for it in iterations:
+    for it in progress(iterations, f"SEMU {schedule} (pad {pad})", leave=False):
         schedules, mbs, _ = build_step(
             spec, cluster, schedule=schedule, pad=pad == "megatron", iteration=it
         )
@@ -77,7 +78,7 @@ def main() -> None:
     ]
     results = {
         name: summarize(run_main_job(name, [*common, *flags], args.iters), args.warmup)
-        for name, flags in RUNS.items()
+        for name, flags in progress(RUNS.items(), "trainer runs")
     }
     timed = range(args.warmup, args.iters)
     predicted = {

@@ -18,7 +18,9 @@ median is in the JSON), and of rebuilding the gathered table from the all-gather
 (``GatheredMetadata.from_flat``).
 
 Usage: python tools/bench/plan_quality.py [--dp 8 64 512 2560] [--model cpu-main]
-       [--specs NAME ...] [--ilp-seconds 3] [--repeats 3] [--json FILE]
+       [--specs NAME ...] [--ilp-seconds 3] [--repeats 3] [--json FILE] [--no-progress]
+
+On a terminal a bar counts the (spec, DP) pairs on stderr.
 
 Ends with ``name: value`` lines; the last is ``plan_ms_dp2560_max: X`` (the slowest spec at
 the largest DP). No test asserts on these times.
@@ -35,6 +37,7 @@ import time
 import numpy as np
 
 from megatron.mllm.arguments import ONE_REPLICA
+from megatron.mllm.cli.progress import add_no_progress_flag, echo, progress
 from megatron.mllm.config_files import load_run_config
 from orchestration.balance import balance, max_over_mean
 from orchestration.bounds import lower_bound
@@ -114,6 +117,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--token-scale", type=float, default=None, help="default: the config's")
     ap.add_argument("--json", help="also write every number to this JSON file")
+    add_no_progress_flag(ap)
     args = ap.parse_args()
     # One model replica: the DP sizes benchmarked are --dp, not the config's layout.
     model = load_run_config(args.model, world_size=ONE_REPLICA)
@@ -122,16 +126,14 @@ def main() -> None:
     )
     cost_model = CostModel.build(model.shape)
     rows = []
-    for spec in args.specs or builtin_specs():
-        gen = WorkloadGenerator(WorkloadSpec.load(spec), seed=0, token_scale=scale)
-        samples = gen.samples(max(args.dp) * SAMPLES_PER_RANK)
-        for dp in args.dp:
-            rows.append(bench_one(spec, samples, dp, cost_model, args.ilp_seconds, args.repeats))
-            print(
-                f"... {spec} DP={dp}: plan {rows[-1]['plan_ms']:.1f} ms",
-                file=sys.stderr,
-                flush=True,
-            )
+    pairs = [(spec, dp) for spec in args.specs or builtin_specs() for dp in args.dp]
+    sampled, samples = None, []
+    for spec, dp in progress(pairs, "plan quality"):
+        if spec != sampled:  # the pairs come spec by spec: generate once, for the largest DP
+            gen = WorkloadGenerator(WorkloadSpec.load(spec), seed=0, token_scale=scale)
+            sampled, samples = spec, gen.samples(max(args.dp) * SAMPLES_PER_RANK)
+        rows.append(bench_one(spec, samples, dp, cost_model, args.ilp_seconds, args.repeats))
+        echo(f"... {spec} DP={dp}: plan {rows[-1]['plan_ms']:.1f} ms", file=sys.stderr)
     print(
         f"model {args.model}, token scale {scale}, {SAMPLES_PER_RANK} samples per rank; "
         f"max/mean of predicted per-rank phase cost (1.0 = perfect)"

@@ -28,9 +28,10 @@ Prints a table and the mean absolute error; ends with ``semu_mae_pct: X``.
 Usage::
 
     python tools/bench/semu_accuracy.py --calibration cal.json [--iters 12] [--warmup 3]
-        [--repeats 3] [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke]
+        [--repeats 3] [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke] [--no-progress]
 
 ``--smoke`` runs one tiny world-size-1 configuration (4 iterations), for tests of the harness.
+On a terminal, bars count the launches and SEMU's iterations on stderr.
 Timings need a quiet machine: run the full list only when nothing else runs.
 """
 
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port, torchrun_command
+from megatron.mllm.cli.progress import add_no_progress_flag, echo, progress
 from megatron.mllm.config_files import LoadedConfig, load_run_config, set_flags
 from orchestration.calibration import Calibration
 from orchestration.packing import microbatch_indices, padding_runs
@@ -237,7 +239,7 @@ def predict(spec: ModelSpec, run: Run, cal: Calibration, iterations: list[int]):
     schedule = "none" if run.pp == 1 else "1f1b"
     enc = list(spec.shape.encoders)
     times, mem = [], [0.0] * run.pp
-    for it in iterations:
+    for it in progress(iterations, f"SEMU {run.name}", leave=False):
         mbs = trainer_microbatches(spec, run, it)
         scheds = [generate(schedule, placement, structure_of(x, enc)) for x in mbs]
         res = semu.simulate_step(scheds, mbs, record_events=False)
@@ -261,6 +263,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="also compare activation memory")
     parser.add_argument("--smoke", action="store_true", help="one tiny run (tests the harness)")
     parser.add_argument("--workdir", help="keep metrics files here")
+    add_no_progress_flag(parser)
     args = parser.parse_args()
     cal = Calibration.load(args.calibration)
     if args.smoke:
@@ -276,21 +279,21 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     outcomes = {run.name: Outcome(run) for run in runs}
     configs = {run.name: run_config(run) for run in runs}
-    for rep in range(args.repeats):
-        for run in runs:
-            o = outcomes[run.name]
-            timed = timing_run(run, iters, workdir)[warmup:]
-            o.measured_s += [r["iteration_time_s"] for r in timed]
-            # Every launch runs the same iterations: predict them once.
-            if rep == 0:
-                o.predicted_s, _ = predict(
-                    configs[run.name].semu, run, cal, [r["iteration"] - 1 for r in timed]
-                )
-            print(f"  {run.name} ({rep + 1}/{args.repeats}): measured "
-                  f"{statistics.median(r['iteration_time_s'] for r in timed) * 1e3:.1f} ms, "
-                  f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms", flush=True)  # fmt: skip
+    launches = [(rep, run) for rep in range(args.repeats) for run in runs]
+    for rep, run in progress(launches, "trainer runs"):
+        o = outcomes[run.name]
+        timed = timing_run(run, iters, workdir)[warmup:]
+        o.measured_s += [r["iteration_time_s"] for r in timed]
+        # Every launch runs the same iterations: predict them once.
+        if rep == 0:
+            o.predicted_s, _ = predict(
+                configs[run.name].semu, run, cal, [r["iteration"] - 1 for r in timed]
+            )
+        echo(f"  {run.name} ({rep + 1}/{args.repeats}): measured "
+             f"{statistics.median(r['iteration_time_s'] for r in timed) * 1e3:.1f} ms, "
+             f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms")  # fmt: skip
     if args.memory:
-        for run in runs:
+        for run in progress(runs, "memory runs"):
             o = outcomes[run.name]
             mem_iters = min(iters, args.memory_iters)
             peaks = memory_run(run, configs[run.name], mem_iters, workdir)

@@ -91,6 +91,7 @@ from megatron.mllm.calibration.layers import calibrate_module, grid_points  # no
 from megatron.mllm.calibration.optimizer import measure_optimizer  # noqa: E402
 from megatron.mllm.calibration.trainer_glue import measure_trainer  # noqa: E402
 from megatron.mllm.cli.launch import REPO  # noqa: E402
+from megatron.mllm.cli.progress import progress  # noqa: E402
 from megatron.mllm.config_files import CONFIG_DIR, find_config  # noqa: E402
 from megatron.mllm.data import SyntheticTask  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
@@ -272,7 +273,7 @@ def _in_process(
 def _measure_modules(plan: _Plan, run, mllm, pg, task, device, ref, log) -> tuple[dict, dict]:
     """The ``layers`` stage over every module of the plan: tables and efficiency inputs."""
     tables, infos = {}, {}
-    for module in plan.modules:
+    for module in progress(plan.modules, "calibration: layers"):
         t0 = time.perf_counter()
         # LLM sequences never exceed --seq-length (the position embedding's size); encoder
         # units may (images of many patches).

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from megatron.mllm.batch import thd_params
+from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import LoadedConfig, load_run_config, set_flags
 from orchestration.calibration import Calibration
 
@@ -166,12 +167,15 @@ def make_reference(mllm, run, pg, device: torch.device) -> Reference:
     return ref
 
 
-def measure_round_robin(fns: list[Prepare], device: torch.device, reps: int, ref: Reference):
+def measure_round_robin(
+    fns: list[Prepare], device: torch.device, reps: int, ref: Reference, desc: str = "repetitions"
+):
     """Median forward and backward times of each point, in reference units (:class:`Reference`),
     and its saved bytes.
 
     The first pass of each is a warm-up (allocators, kernels) that also counts the saved bytes;
-    the timed passes go round-robin over the points, each next to a pass of the reference.
+    the timed passes go round-robin over the points, each next to a pass of the reference. On
+    a terminal, a bar labelled ``desc`` counts the repetitions.
 
     Returns:
         ``(forward, backward, saved bytes)``: one list each, a value per point.
@@ -179,7 +183,8 @@ def measure_round_robin(fns: list[Prepare], device: torch.device, reps: int, ref
     saved = [timed_pass(fn, device, measure_memory=True)[2] for fn in fns]
     fwd = [[] for _ in fns]
     bwd = [[] for _ in fns]
-    for _ in range(reps):
+    # The bar moves once per repetition, between timed passes, never inside one.
+    for _ in progress(range(reps), desc, leave=False):
         for i, fn in enumerate(fns):
             r = ref.time()
             f, b, _ = timed_pass(fn, device)

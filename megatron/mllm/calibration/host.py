@@ -18,6 +18,7 @@ import torch
 from megatron.mllm.batch import build_microbatch
 from megatron.mllm.calibration.fit import nnls
 from megatron.mllm.calibration.harness import Reference
+from megatron.mllm.cli.progress import progress
 from megatron.mllm.data import SyntheticTask
 from orchestration.workload_spec import SampleStream
 
@@ -32,7 +33,7 @@ def measure_host(
     count = 4 if quick else 24
     rounds = 1 if quick else 3
     rows, times = [], [[] for _ in range(count)]
-    for rnd in range(rounds):
+    for rnd in progress(range(rounds), "calibration: host"):
         for i in range(count):
             indices = [1000 * i + j for j in range(run.micro_batch_size)]
             metas = [stream.meta(k) for k in indices]

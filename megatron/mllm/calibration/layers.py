@@ -201,7 +201,7 @@ def calibrate_module(
     cids = {ChunkId(module, 0, 1), ChunkId(module, total - 1, total), ChunkId(module, 0, total)}
     for cid in sorted(cids, key=lambda c: (c.start, c.stop)):
         points.add_chunk(cid, task, edges)
-    f, b, m = measure_round_robin(points.fns, device, reps, ref)
+    f, b, m = measure_round_robin(points.fns, device, reps, ref, desc=f"{module} repetitions")
     points.keep.clear()
     if os.environ.get("SEMU_CALIBRATION_DUMP"):  # raw points, for looking at the fit
         with open(os.environ["SEMU_CALIBRATION_DUMP"], "a", encoding="utf-8") as out:

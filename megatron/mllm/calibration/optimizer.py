@@ -17,6 +17,7 @@ import torch
 from megatron.mllm.calibration.fit import relative_nnls
 from megatron.mllm.calibration.harness import Reference, ddp_wrap, sync
 from megatron.mllm.chunks import ChunkId, build_chunk
+from megatron.mllm.cli.progress import progress
 
 CHUNK_SETS = (
     (("llm", 0, 1),),
@@ -65,7 +66,7 @@ def measure_optimizer(
     times = [[] for _ in cases]
     for opt, _, _ in cases:
         opt.step()
-    for _ in range(reps):
+    for _ in progress(range(reps), "calibration: optimizer"):
         for i, (opt, _, _) in enumerate(cases):
             r = ref.time()
             sync(device)

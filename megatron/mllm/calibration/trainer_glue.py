@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from megatron.mllm.calibration.harness import Reference, engine_backward, measurement_run
+from megatron.mllm.cli.progress import progress
 from orchestration.calibration import Calibration
 
 
@@ -89,7 +90,7 @@ def measure_trainer(
     record: dict[str, list[float]] = {}
     fit_f, fit_b, step_rest, opt_ratio, host_ratio = [], [], [], [], []
     glue_f, glue_b = [], []
-    for workload in workloads:
+    for workload in progress(workloads, "calibration: trainer"):
         loaded = measurement_run(
             model,
             train_iters=iters,
@@ -117,7 +118,7 @@ def measure_trainer(
                 (schedules, "backward_step", "backward_step"),
             ]:
                 patched.enter_context(_timed(record, obj, attr, key))
-            for it in range(iters):
+            for it in progress(range(iters), f"{workload} iterations", leave=False):
                 record.clear()
                 r0 = ref.time()
                 t = time.perf_counter()

@@ -5,7 +5,7 @@ Usage (from the repository root; installed: ``orchweave-balance-report``)::
 
     python tools/balance_report.py SPEC_OR_JSONL --dp 8 [--samples-per-rank 8]
         [--model CONFIG] [model flags] [--seed S] [--token-scale X]
-        [--gpus-per-node 8] [--calibration FILE] [--ilp-seconds 3] [--json]
+        [--gpus-per-node 8] [--calibration FILE] [--ilp-seconds 3] [--json] [--no-progress]
 
 ``SPEC_OR_JSONL`` is a workload spec file, a built-in spec name (e.g. ``omni-three-modality``)
 or a ``.jsonl`` file of sample metadata. DP rank ``r`` gets samples ``r*k .. r*k+k-1`` of the
@@ -26,7 +26,9 @@ of items moved. Algorithms:
 The lower bound is the best of ``orchestration.bounds`` (average, largest item, pigeonhole
 sums, ...) and, for small problems (``d <= 16`` and at most 400 items), the HiGHS ILP's dual
 bound within ``--ilp-seconds`` (0 disables); when the ILP proves the optimum it is reported.
-The numbers are :func:`orchestration.balance_report.compare_algorithms`.
+The numbers are :func:`orchestration.balance_report.compare_algorithms`. On a terminal, a bar
+counts the phases on stderr (the ILP bound takes up to ``--ilp-seconds`` per phase);
+``--no-progress`` switches it off.
 
 Models (``--model``, default ``cpu-main``): a model config of ``scripts/configs`` (a name there
 or a path; ``scripts/configs/README.md``), read by ``megatron.mllm.config_files`` exactly as the
@@ -66,6 +68,7 @@ from typing import Any, Sequence
 
 from megatron.mllm.arguments import ONE_REPLICA, ConfigError
 from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
+from megatron.mllm.cli.progress import add_no_progress_flag, progress
 from orchestration.balance import InfeasibleCapError
 from orchestration.balance_report import compare_algorithms
 from orchestration.calibration import Calibration
@@ -139,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time limit of the ILP bound per phase (small problems; 0 disables)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_no_progress_flag(p)
     g = p.add_argument_group("model flags (override the config's)")
     for name, typ in _MODEL_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
@@ -216,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             CostModel.build(model.shape, calib),
             gpus_per_node=args.gpus_per_node,
             ilp_seconds=args.ilp_seconds,
+            progress=progress,
         )
     except (ConfigError, WorkloadError, InfeasibleCapError, ValueError, OSError) as e:
         return report_error(str(e))

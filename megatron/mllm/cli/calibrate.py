@@ -6,10 +6,12 @@ Usage (from the repository root)::
     python tools/calibrate.py [--model scripts/configs/cpu-main.json] [--output F.json]
                               [--quick] [--reps N] [--lengths 16,64,256] [--packs 1,2,4]
                               [--threads 1] [--workloads llava15-665k,...] [--stages ...]
+                              [--no-progress]
 
 What is measured, and how: :mod:`megatron.mllm.calibration`. Progress goes to stdout while it
-measures, then a summary of every module's fitted table. Errors print one ``error:`` line on
-stderr and exit with status 2.
+measures, then a summary of every module's fitted table; on a terminal, bars per stage, module
+and repetition go to stderr (:mod:`megatron.mllm.cli.progress`). Errors print one ``error:``
+line on stderr and exit with status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 from megatron.mllm import logs
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.calibration import DEFAULT_MODEL, DEFAULT_WORKLOADS, STAGES, calibrate
+from megatron.mllm.cli.progress import add_no_progress_flag, echo
 from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadError
 
@@ -80,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(DEFAULT_WORKLOADS),
         help="workloads of the trainer stage (keep the accuracy benchmark's out of it)",
     )
+    add_no_progress_flag(parser)
     return parser
 
 
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     options = vars(args)
     model, output = options.pop("model"), options.pop("output")
     try:
-        cal = calibrate(model, **options, log=lambda line: print(line, flush=True))
+        cal = calibrate(model, **options, log=echo)
     except (ConfigError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
