@@ -57,7 +57,13 @@ SKIPPED_KEYS = frozenset({"iteration"})
 # timers themselves: their tags read timers/<name>/max, not timers/seconds/<name>/max. The
 # nesting depths only indent the log.
 _TIMERS_HOISTED = "seconds"
-_TIMERS_SKIPPED = frozenset({"depth"})
+_TIMERS_SKIPPED = frozenset({"depth", "exclusive"})
+
+PREDICTION = "prediction"
+"""The record's entry of what was predicted for the iteration (``--step-prediction``)."""
+
+# Per-action seconds and the stages' rank numbers are no figures to plot over time.
+_PREDICTION_SKIPPED = frozenset({"actions_s", "ranks"})
 
 
 def _number(value: Any) -> float | None:
@@ -143,6 +149,8 @@ def record_scalars(
             if timers:
                 out.update(_timer_scalars(value))
             continue
+        if key == PREDICTION and isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k not in _PREDICTION_SKIPPED}
         out.update(flatten(value, key))
     out.update(throughput(record, world_size))
     return out

@@ -56,6 +56,7 @@ from megatron.mllm.prediction import (  # noqa: E402
     from_semu,
 )
 from megatron.mllm.profiling import MemoryHistory, StepProfiler  # noqa: E402
+from megatron.mllm.reporting import MetricWriters  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import RankTimes, StepTimers, TimerLog, iteration_record  # noqa: E402
@@ -169,6 +170,7 @@ class Trainer:
         rank, world = distributed.global_rank(), run.parallel.world_size
         self.profiler = StepProfiler(run, self.timers, rank, world)
         self.memory_history = MemoryHistory(run, rank, world)
+        self.writers = _metric_writers(run, rank, world)
         if self.timers.level or self.profiler.collects:
             # megatron-core's schedules, finalize_model_grads and optimizer time themselves
             # through config.timers, as in Megatron-LM.
@@ -337,6 +339,12 @@ class Trainer:
 
     def train(self) -> list[IterationResult]:
         """Train until ``--train-iters``, logging and checkpointing like Megatron-LM."""
+        try:
+            return self._train()
+        finally:
+            self.writers.close()
+
+    def _train(self) -> list[IterationResult]:
         run = self.run
         train_iters = run.training.train_iters
         save, save_interval = run.checkpoint.save, run.checkpoint.save_interval
@@ -397,6 +405,24 @@ class Trainer:
             )
 
 
+def _metric_writers(run: RunConfig, rank: int, world: int) -> MetricWriters:
+    """TensorBoard and wandb (``megatron.mllm.reporting``). Only the last rank opens them, so a
+    failure there (wandb cannot start, a directory cannot be made) is shared with every rank:
+    all stop with its error line instead of waiting for that rank at the first collective."""
+    if not (run.logger.tensorboard_dir or run.logger.wandb_project):
+        return MetricWriters()
+    writers, problem = MetricWriters(), None
+    try:
+        writers = MetricWriters.from_run(run, rank, world)
+    except ConfigError as e:
+        problem = str(e)
+    first = next((p for p in distributed.all_gather_objects(problem) if p), None)
+    if first is not None:
+        writers.close()
+        raise ConfigError(first)
+    return writers
+
+
 class _IntervalLog:
     """What the trainer reports after each iteration: the metrics record, the timers of every
     rank, the Megatron-style log line (last rank) every ``--log-interval`` iterations."""
@@ -440,7 +466,7 @@ class _IntervalLog:
         if not self.is_logger:
             return
         lr = tr.optimizer.param_groups[0]["lr"]
-        if run.logging.metrics_jsonl:
+        if run.logging.metrics_jsonl or tr.writers.active:
             record = {
                 "iteration": tr.iteration,
                 "lm_loss": result.loss,
@@ -449,7 +475,9 @@ class _IntervalLog:
                 "learning_rate": lr,
                 **m,
             }
-            write_metrics(run.logging.metrics_jsonl, record)
+            if run.logging.metrics_jsonl:
+                write_metrics(run.logging.metrics_jsonl, record)
+            tr.writers.write(tr.iteration, record)
         if tr.iteration % run.logger.log_interval == 0:
             gbs = run.global_batch_size
             line = format_log_line(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 
@@ -29,18 +30,21 @@ def timed_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("timed")
     argv = [str(out)]
     for name, flags in RUNS.items():
-        argv += [name, *MAIN_JOB, *flags, *LEVEL2, "---"]
+        # TensorBoard and wandb (offline) from the trainer: read back below.
+        writers = ["--tensorboard-dir", str(out / name / "tb"), "--log-timers-to-tensorboard",
+                   "--wandb-project", "orchweave-test", "--wandb-save-dir", str(out / name)]  # fmt: skip
+        argv += [name, *MAIN_JOB, *flags, *LEVEL2, *writers, "---"]
     proc = check(torchrun(2, TRAIN_WORKER, argv, timeout=600))
     records = {
         name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         for name in RUNS
     }
-    return proc, records
+    return proc, records, out
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_timers_account_for_every_iteration_on_every_rank(run, timed_runs):
-    _, records = timed_runs
+    _, records, _ = timed_runs
     assert len(records[run]) == 3
     for rec in records[run]:
         t = rec["timers"]
@@ -52,7 +56,7 @@ def test_timers_account_for_every_iteration_on_every_rank(run, timed_runs):
 
 
 def test_the_balanced_step_times_its_phases_and_splits_collective_waits(timed_runs):
-    _, records = timed_runs
+    _, records, _ = timed_runs
     t = records["dp2-balanced"][-1]["timers"]
     for name in ("plan", "encoder-forward", "encoder-backward", "llm-microbatches",
                  "all-to-all", "metadata-gather", "all-grads-sync", "forward-compute"):  # fmt: skip
@@ -66,7 +70,7 @@ def test_the_balanced_step_times_its_phases_and_splits_collective_waits(timed_ru
 
 
 def test_the_runtime_times_every_action(timed_runs):
-    proc, records = timed_runs
+    proc, records, _ = timed_runs
     t = records["pp2-dynamic"][-1]["timers"]
     for name in ("schedule", "forward-compute", "backward-compute", "recv-post", "recv-wait",
                  "send-post"):  # fmt: skip
@@ -76,7 +80,7 @@ def test_the_runtime_times_every_action(timed_runs):
 
 
 def test_each_iteration_records_what_was_predicted_for_it(timed_runs):
-    _, records = timed_runs
+    _, records, _ = timed_runs
     for rec in records["dp2-balanced"]:
         # PP = 1 balanced: the plan's predicted load of every phase on both ranks.
         p = rec["prediction"]
@@ -106,3 +110,27 @@ def test_level_0_adds_no_clock_reading_no_gather_and_no_collective(tmp_path):
     assert extra["dist.all_gather_object"] == 2
     for name in ("dist.all_reduce", "dist.all_gather", "dist.all_to_all_single", "dist.barrier"):
         assert extra.get(name, 0) == 0, (name, extra)
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_tensorboard_and_wandb_get_the_runs_scalars(run, timed_runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_reporting import _wandb_history
+
+    _, records, out = timed_runs
+    events = EventAccumulator(str(out / run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"lm_loss", "learning_rate", "grad_norm", "samples_per_s", "tokens_per_s",
+                "tflops_per_gpu", "iteration_time_s", "timers/forward-backward/max",
+                "timers/optimizer/max", "imbalance/vision"}  # fmt: skip
+    if run == "dp2-balanced":
+        expected |= {"imbalance_balanced/vision", "bytes_moved", "prediction/phases/llm/max"}
+    else:
+        expected |= {"prediction/step_s", "prediction/busy_s/max"}
+    assert expected <= tags, expected - tags
+    losses = [(e.step, e.value) for e in events.Scalars("lm_loss")]
+    assert losses == [(r["iteration"], pytest.approx(r["lm_loss"])) for r in records[run]]
+    (history,) = glob.glob(str(out / run / "wandb" / "offline-run-*" / "*.wandb"))
+    rows = _wandb_history(history)
+    assert [row["lm_loss"] for row in rows] == pytest.approx([r["lm_loss"] for r in records[run]])
