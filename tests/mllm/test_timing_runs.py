@@ -134,3 +134,20 @@ def test_tensorboard_and_wandb_get_the_runs_scalars(run, timed_runs):
     (history,) = glob.glob(str(out / run / "wandb" / "offline-run-*" / "*.wandb"))
     rows = _wandb_history(history)
     assert [row["lm_loss"] for row in rows] == pytest.approx([r["lm_loss"] for r in records[run]])
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_explain_step_cuts_every_real_iteration_into_terms(run, timed_runs, tmp_path):
+    from megatron.mllm.cli.explain_step import explain
+    from megatron.mllm.explain import measured_terms, semu_terms
+
+    _, records, out = timed_runs
+    for rec in records[run]:
+        for rank, total in enumerate(rec["timers"]["iteration_s"]):
+            assert sum(measured_terms(rec["timers"], rank).values()) == pytest.approx(total)
+        if rec["prediction"]["source"] == "semu":
+            # SEMU's intervals of each stage fit in its step: what is left is pipeline waits.
+            for t in semu_terms(rec["prediction"]).terms.values():
+                assert t["pipeline waits"] >= -1e-9 and t["compute"] > 0
+    text = "\n".join(explain(str(out / f"{run}.jsonl"), None, skip=1, top=12))
+    assert "where the step went, per rank" in text and "compute per rank and phase" in text
