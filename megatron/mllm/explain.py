@@ -297,6 +297,24 @@ def summarize(name: str, records: Sequence[Mapping[str, Any]], skip: int,
     return summary
 
 
+def summarize_pair(base_records: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]],
+                   skip: int) -> tuple[RunSummary, RunSummary]:  # fmt: skip
+    """A baseline (A) and a run (B) on the same data, each with its prediction. When B was
+    balanced by a plan, A is predicted by the same plan's loads before balancing (the same
+    samples left where they were loaded), at the same FLOP rate, as the metadata's ideal gain
+    compares them."""
+    b = summarize("B", records, skip)
+    if b.source == "plan" and all("phases_before" in r.get("prediction", {}) for r in records):
+        by_iteration = {r["iteration"]: r["prediction"] for r in records}
+        base_records = [
+            {**r, "prediction": by_iteration[r["iteration"]]}
+            for r in base_records
+            if r["iteration"] in by_iteration
+        ]
+        return summarize("A", base_records, skip, b.plan_scale, loads_key="phases_before"), b
+    return summarize("A", base_records, skip), b
+
+
 # --------------------------------------------------------------------------------------------
 # The report
 

@@ -57,7 +57,7 @@ SKIPPED_KEYS = frozenset({"iteration"})
 # timers themselves: their tags read timers/<name>/max, not timers/seconds/<name>/max. The
 # nesting depths only indent the log.
 _TIMERS_HOISTED = "seconds"
-_TIMERS_SKIPPED = frozenset({"depth", "exclusive"})
+_TIMERS_SKIPPED = frozenset({"depth", "exclusive", "spans"})
 
 PREDICTION = "prediction"
 """The record's entry of what was predicted for the iteration (``--step-prediction``)."""

@@ -179,10 +179,12 @@ class StepTimers:
         return 0 < level <= self.level
 
     def __call__(self, name: str, log_level: int | None = None):
-        """megatron-core's protocol: the timer ``name`` (created at ``log_level``, default 1)."""
+        """megatron-core's protocol: the timer ``name``, created at ``log_level``; a name first
+        seen without one is created at level 2, as Megatron's ``Timers`` does (megatron-core
+        stops ``forward-compute`` without a level)."""
         timer = self._timers.get(name)
         if timer is None:
-            level = 1 if log_level is None else log_level
+            level = 2 if log_level is None else log_level
             if not self.enabled(level):
                 return _NULL
             timer = self._timers[name] = _Timer(self, name, level, group=self.groups.get(name))
@@ -302,6 +304,9 @@ class RankTimes:
     detail: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per timer name, seconds per module, encoder or exchange (:func:`seconds_by_detail`)."""
 
+    count: int = 0
+    """Spans recorded (what the timers cost scales with)."""
+
     @classmethod
     def of(cls, spans: list[Span], iteration_s: float) -> "RankTimes":
         """Summarise one rank's spans of one iteration."""
@@ -317,6 +322,7 @@ class RankTimes:
             [s for s in spans if s.group is not None],
             exclusive_seconds(spans),
             seconds_by_detail(spans),
+            len(spans),
         )
 
 
@@ -376,6 +382,7 @@ def iteration_record(ranks: Sequence[RankTimes], offsets: Sequence[float]) -> di
         "depth": {n: min(r.depth.get(n, 99) for r in ranks) for n in names},
         "partition": {n: [r.top.get(n, 0.0) for r in ranks] for n in tops},
         "iteration_s": [r.iteration_s for r in ranks],
+        "spans": [r.count for r in ranks],
         "collectives": collective_waits(ranks, offsets),
     }
 

@@ -43,12 +43,8 @@ from megatron.mllm.data import (  # noqa: E402
     SequenceTooLongError,
     SyntheticTask,
 )
-from megatron.mllm.metrics import (  # noqa: E402
-    IntervalStats,
-    format_log_line,
-    iteration_metrics,
-    write_metrics,
-)
+from megatron.mllm.iteration_log import IterationLog  # noqa: E402
+from megatron.mllm.metrics import iteration_metrics  # noqa: E402
 from megatron.mllm.prediction import (  # noqa: E402
     PredictedIteration,
     StepPredictor,
@@ -59,7 +55,7 @@ from megatron.mllm.profiling import MemoryHistory, StepProfiler  # noqa: E402
 from megatron.mllm.reporting import MetricWriters  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
-from megatron.mllm.timers import RankTimes, StepTimers, TimerLog, iteration_record  # noqa: E402
+from megatron.mllm.timers import StepTimers  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.dispatcher import Dispatcher  # noqa: E402
@@ -349,7 +345,7 @@ class Trainer:
         train_iters = run.training.train_iters
         save, save_interval = run.checkpoint.save, run.checkpoint.save_interval
         exit_interval = run.training.exit_interval
-        log = _IntervalLog(self)
+        log = IterationLog(self)
         results = []
         if distributed.global_rank() == 0:
             self._print_setup()
@@ -368,9 +364,11 @@ class Trainer:
             if exit_interval and self.iteration % exit_interval == 0:
                 if save and not saved:
                     self.save()
+                log.flush()
                 if distributed.global_rank() == 0:
                     print(f" exiting program at iteration {self.iteration}", flush=True)
                 return results
+        log.flush()
         if save and (not save_interval or self.iteration % save_interval != 0):
             self.save()
         return results
@@ -421,75 +419,6 @@ def _metric_writers(run: RunConfig, rank: int, world: int) -> MetricWriters:
         writers.close()
         raise ConfigError(first)
     return writers
-
-
-class _IntervalLog:
-    """What the trainer reports after each iteration: the metrics record, the timers of every
-    rank, the Megatron-style log line (last rank) every ``--log-interval`` iterations."""
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.is_logger = distributed.global_rank() == distributed.world_size() - 1
-        self.stats = IntervalStats()
-        self.timers = TimerLog(trainer.timers.option)
-
-    def add(self, result: IterationResult, start: float, seconds: float) -> None:
-        """Account one iteration (collective over all ranks when timers are on, and at the end
-        of the profile window)."""
-        tr, run = self.trainer, self.trainer.run
-        m = tr.metrics(result)
-        profiled = tr.profiler.active(tr.iteration - 1)
-        spans = tr.timers.take() if tr.timers.level else []
-        if run.logger.timing_log_level:
-            # Off the iteration's clock: every rank's timers, gathered once per iteration.
-            mine = RankTimes.of(spans, seconds)
-            m["timers"] = iteration_record(distributed.all_gather_objects(mine), tr.clock_offsets)
-            self.timers.add(m["timers"])
-        predicted = None
-        if run.logging.step_prediction or (profiled and tr.profiler.writes):
-            predicted = tr.prediction()
-        if predicted is not None and run.logging.step_prediction:
-            m["prediction"] = predicted.record()
-        if profiled:
-            actions = tr.schedule_actions()
-            tr.profiler.end(tr.iteration, start, seconds, spans, actions, predicted)
-        balanced = tr.step.balance_stats
-        self.stats.add(
-            seconds,
-            m["samples"],
-            m["tokens"],
-            m["flops"],
-            m["imbalance"],
-            None if balanced is None else balanced.imbalance_after,
-            0 if balanced is None else balanced.bytes_moved,
-        )
-        if not self.is_logger:
-            return
-        lr = tr.optimizer.param_groups[0]["lr"]
-        if run.logging.metrics_jsonl or tr.writers.active:
-            record = {
-                "iteration": tr.iteration,
-                "lm_loss": result.loss,
-                "iteration_time_s": seconds,
-                "grad_norm": result.grad_norm,
-                "learning_rate": lr,
-                **m,
-            }
-            if run.logging.metrics_jsonl:
-                write_metrics(run.logging.metrics_jsonl, record)
-            tr.writers.write(tr.iteration, record)
-        if tr.iteration % run.logger.log_interval == 0:
-            gbs = run.global_batch_size
-            line = format_log_line(
-                tr.iteration, run.training.train_iters, tr.iteration * gbs, self.stats,
-                distributed.world_size(), lr, gbs, result.loss, result.grad_norm,
-            )  # fmt: skip
-            if run.logger.timing_log_level:
-                line += "\n" + self.timers.format()
-                self.timers = TimerLog(tr.timers.option)
-            print(line, flush=True)
-            tr.memory_history.dump()
-            self.stats = IntervalStats()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port
 
+def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
+                 log_interval: int | None = None) -> list[dict]:  # fmt: skip
+    """Run ``scripts/pretrain_mllm_cpu.sh`` with ``flags``; return per-iteration metrics.
 
-def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2) -> list[dict]:
-    """Run ``scripts/pretrain_mllm_cpu.sh`` with ``flags``; return per-iteration metrics."""
+    ``log_interval`` defaults to ``iters`` (one log line per run)."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         env = dict(
@@ -27,7 +29,7 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2) -> lis
         )
         env.setdefault("PYTHONWARNINGS", "ignore")
         cmd = ["bash", str(MAIN_JOB), *flags,
-               "--train-iters", str(iters), "--log-interval", str(iters),
+               "--train-iters", str(iters), "--log-interval", str(log_interval or iters),
                "--metrics-jsonl", str(metrics)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if proc.returncode != 0:

@@ -28,6 +28,7 @@ from megatron.mllm.explain import (
     format_run,
     load_records,
     summarize,
+    summarize_pair,
 )
 
 
@@ -43,24 +44,11 @@ def _parser() -> argparse.ArgumentParser:
 def explain(run: str, baseline: str | None, skip: int, top: int) -> list[str]:
     """The report's lines."""
     records = load_records(run)
-    b = summarize("B" if baseline else "run", records, skip)
-    lines = format_run(b, top)
-    if baseline:
-        base_records = load_records(baseline)
-        if b.source == "plan" and all("phases_before" in r.get("prediction", {}) for r in records):
-            # The plan also predicts the baseline: the same samples, left where they loaded.
-            by_iteration = {r["iteration"]: r["prediction"] for r in records}
-            base_records = [
-                {**r, "prediction": by_iteration[r["iteration"]]}
-                for r in base_records
-                if r["iteration"] in by_iteration
-            ]
-            a = summarize("A", base_records, skip, b.plan_scale, loads_key="phases_before")
-        else:
-            a = summarize("A", base_records, skip)
-        lines = [f"A = {baseline}", *format_run(a, top), "", f"B = {run}", *lines, ""]
-        lines += format_comparison(a, b)
-    return lines
+    if not baseline:
+        return format_run(summarize("run", records, skip), top)
+    a, b = summarize_pair(load_records(baseline), records, skip)
+    return [f"A = {baseline}", *format_run(a, top), "", f"B = {run}", *format_run(b, top), "",
+            *format_comparison(a, b)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
