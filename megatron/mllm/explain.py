@@ -43,13 +43,17 @@ TERMS = ("compute", "pipeline waits", "collective waits", "transfers", "host", "
 """The terms, in the order they are explained."""
 
 PREDICTED_BY = {
-    "compute": "cost model: layer costs x tokens",
-    "pipeline waits": "schedule + p2p transfer model",
-    "collective waits": "load balance of the plan",
-    "transfers": "collective transfer model",
-    "host": "host cost model (data, planning, posting)",
-    "optimizer": "optimizer cost model",
+    "semu": {
+        "compute": "SEMU's layer costs x tokens",
+        "pipeline waits": "SEMU's schedule and p2p model",
+        "collective waits": "SEMU (its ranks arrive together)",
+        "transfers": "SEMU's collective model",
+        "host": "SEMU's host costs (data, planning, posting)",
+        "optimizer": "SEMU's optimizer cost",
+    },
+    "plan": {"compute": "the plan's cost model", "collective waits": "the plan's load balance"},
 }
+"""Which prediction of each source stands for each term."""
 
 _COMPUTE = ("forward-compute", "backward-compute", "encoder-forward", "encoder-backward")
 _PIPELINE_WAITS = ("recv-wait", "send-drain")
@@ -327,14 +331,36 @@ def _gap(measured: float, predicted: float | None) -> float:
     return measured - (predicted or 0.0)
 
 
-def _verdict(term: str, measured: float, predicted: float | None) -> str:
+def _verdict(source: str, term: str, measured: float, predicted: float | None) -> str:
     if predicted is None:
         return "not predicted"
+    by = PREDICTED_BY.get(source, {}).get(term, source)
     if predicted <= 0:
-        return f"predicted none; {PREDICTED_BY[term]}"
+        return f"none predicted by {by}" if measured > 5e-4 else ""
     ratio = measured / predicted
-    word = "under" if ratio > 1 else "over"
-    return f"{PREDICTED_BY[term]} {word}estimates: measured {ratio:.2f}x"
+    return f"{by} {'under' if ratio > 1 else 'over'}estimates: measured {ratio:.2f}x"
+
+
+def compute_calibration_note(s: RunSummary) -> str | None:
+    """Whether the compute errors are one factor (the host runs at another speed than when
+    calibrated) or differ by phase (the cost model's relative costs are off)."""
+    ratios = {
+        (phase, r): m / p
+        for r in s.ranks
+        for phase, m in s.measured_phases.get(r, {}).items()
+        if (p := s.predicted_phases.get(r, {}).get(phase)) and m > 0
+    }
+    if len(ratios) < 2:
+        return None
+    lo, hi = min(ratios.values()), max(ratios.values())
+    if hi / lo <= 1.25:
+        return (f"compute measured/predicted is one factor, {lo:.2f}-{hi:.2f}x over ranks and "
+                f"phases: this host runs at another speed than the cost model assumes "
+                f"(recalibrate: orchweave-calibrate)")  # fmt: skip
+    (p_lo, r_lo), (p_hi, r_hi) = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+    return (f"compute measured/predicted differs by phase, {lo:.2f}x ({p_lo}, rank {r_lo}) to "
+            f"{hi:.2f}x ({p_hi}, rank {r_hi}): the cost model's relative costs of the phases "
+            f"are off, so its balance or schedule is built on wrong weights")  # fmt: skip
 
 
 def format_run(s: RunSummary, top: int = 12) -> list[str]:
@@ -362,13 +388,16 @@ def format_run(s: RunSummary, top: int = 12) -> list[str]:
     for _, term, r, m, p in rows[:top]:
         gap = f"{_gap(m, p) * 1e3:+8.1f}" if p is not None else f"{'':>8s}"
         lines.append(
-            f"    {term:17s} {r:4d} {_ms(m):>9s} {_ms(p):>9s} {gap}  {_verdict(term, m, p)}"
+            f"    {term:17s} {r:4d} {_ms(m):>9s} {_ms(p):>9s} {gap}  {_verdict(s.source, term, m, p)}"
         )
     for r in s.ranks:
         parts = sorted(s.host[r].items(), key=lambda kv: -kv[1])
         lines.append(
             f"    host on rank {r}: " + ", ".join(f"{k} {_ms(v)}" for k, v in parts if v > 5e-5)
         )
+    note = compute_calibration_note(s)
+    if note:
+        lines.append("  " + note)
     rows = []
     for r in s.ranks:
         for phase, m in s.measured_phases.get(r, {}).items():
@@ -415,14 +444,13 @@ def format_comparison(a: RunSummary, b: RunSummary) -> list[str]:
         lines.append(f"  predicted gain {pa / pb:.3f} ({a.source} A, {b.source} B), measured gain "
                      f"{ma / mb:.3f}")  # fmt: skip
         saved = pa - pb
-        for gap, term, _, _, pd, ma_t, mb_t in rows[:3]:
+        for _, term, _, _, pd, ma_t, mb_t in rows[:3]:
             measured_d = mb_t - ma_t
             if pd is None:
-                lines.append(f"  {term}: not predicted, changed by {_ms(measured_d)} ms")
-            else:
-                lines.append(
-                    f"  {term}: predicted {_ms(pd)} ms, measured {_ms(measured_d)} ms: "
-                    f"{abs(measured_d - pd) / abs(saved) * 100 if saved else 0:.0f}% of the "
-                    f"predicted saving of {_ms(saved)} ms"
-                )
+                lines.append(f"  {term}: not predicted, measured {measured_d * 1e3:+.1f} ms")
+                continue
+            miss = measured_d - pd
+            share = f", {abs(miss) / abs(saved):.0%} of the predicted change" if saved else ""
+            lines.append(f"  {term}: predicted {pd * 1e3:+.1f} ms, measured {measured_d * 1e3:+.1f} "
+                         f"ms: {miss * 1e3:+.1f} ms off{share}")  # fmt: skip
     return lines

@@ -6,7 +6,9 @@ Every rank's timers reach the last rank in one all-gather per log interval, not 
 (as Megatron-LM gathers its timers when it logs): each rank keeps its iterations'
 :class:`~megatron.mllm.timers.RankTimes` until the log line, so the gather's cost is shared by
 the interval's iterations. The records that carry timers are therefore written at each log line
-(and at the end of training); without timers each record is written when its iteration ends.
+(and at the end of training); without timers or predictions each record is written when its
+iteration ends. With ``--step-prediction`` the last rank predicts the interval's iterations at
+the log line too, before the gather: the other ranks wait for it there, never in an iteration.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class IterationLog:
         """This rank's timers of the iterations since the last gather."""
         self.pending_records: list[dict[str, Any]] = []
         """The last rank's records of those iterations, waiting for their timers."""
+        self.pending_inputs: list = []
+        """With ``--step-prediction``, what each pending record's prediction needs."""
 
     def add(self, result, start: float, seconds: float) -> None:
         """Account one iteration; at a log interval, report the interval."""
@@ -45,14 +49,12 @@ class IterationLog:
         spans = tr.timers.take() if tr.timers.level else []
         if self.timed:
             self.pending_times.append(RankTimes.of(spans, seconds))
-        predicted = None
+        inputs = None
         if run.logging.step_prediction or (profiled and tr.profiler.writes):
-            predicted = tr.prediction()
-        if predicted is not None and run.logging.step_prediction:
-            m["prediction"] = predicted.record()
+            inputs = tr.step_inputs()
         if profiled:
             actions = tr.schedule_actions()
-            tr.profiler.end(tr.iteration, start, seconds, spans, actions, predicted)
+            tr.profiler.end(tr.iteration, start, seconds, spans, actions, inputs)
         balanced = tr.step.balance_stats
         self.stats.add(
             seconds, m["samples"], m["tokens"], m["flops"], m["imbalance"],
@@ -69,7 +71,9 @@ class IterationLog:
                 **m,
             }
             self.pending_records.append(record)
-        if not self.timed:
+            if run.logging.step_prediction:
+                self.pending_inputs.append(inputs)
+        if not self.timed and not self.pending_inputs:
             self._write_records()
         if tr.iteration % run.logger.log_interval == 0:
             self.flush()
@@ -77,7 +81,13 @@ class IterationLog:
                 self._print_line(result)
 
     def flush(self) -> None:
-        """Gather the pending timers (collective) and write the pending records."""
+        """Predict the pending iterations (last rank), gather the pending timers (collective)
+        and write the pending records."""
+        predictor = self.trainer.predictor
+        for record, inputs in zip(self.pending_records, self.pending_inputs):
+            if inputs is not None:
+                record["prediction"] = predictor.predict_iteration(inputs).record()
+        self.pending_inputs = []
         if self.timed and self.pending_times:
             start = time.perf_counter()
             gathered = distributed.all_gather_objects(self.pending_times)

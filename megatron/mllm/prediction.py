@@ -53,18 +53,51 @@ def run_cluster(world_size: int, devices_per_node: int) -> ClusterSpec:
     return ClusterSpec(device, world_size, min(devices_per_node, world_size), name="this run")
 
 
+@dataclass(frozen=True)
+class StepInputs:
+    """What a prediction of one iteration needs, kept when it ends: the prediction itself runs
+    later, off the iterations (at the log line, or at the profile window's end), so that the
+    last rank's predicting never delays the next iteration of the other ranks."""
+
+    iteration: int
+    """The iteration (1-based)."""
+
+    microbatches: list
+    """The samples (``SampleMeta``) of each microbatch this rank's replica ran, in order."""
+
+    schedule: Schedule | None
+    """The runtime's schedule; None for megatron-core's engine."""
+
+    pad_to: int | None
+    """The fixed microbatch length the step padded to, if any."""
+
+    loads: dict[str, list[float]] | None = None
+    """The per-phase balanced step's plan: each phase's load per DP rank (else None)."""
+
+    loads_before: dict[str, list[float]] | None = None
+    """The plan's loads had every rank kept its own samples."""
+
+    unit: str = "flops"
+    """Unit of the loads."""
+
+
 class StepPredictor:
-    """SEMU set up once for a run; :meth:`predict` simulates one replica's step."""
+    """SEMU set up once for a run; :meth:`predict` simulates one replica's step and
+    :meth:`predict_iteration` predicts an iteration from its :class:`StepInputs`."""
 
     def __init__(self, run, mllm: MLLMConfig, world_size: int,
-                 calibration: Calibration | None):  # fmt: skip
+                 calibration: Calibration | None, dp_ranks: Sequence[int],
+                 pp_ranks: Sequence[int]):  # fmt: skip
         """Args:
         run: the :class:`~megatron.mllm.run_config.RunConfig`.
         mllm: its model.
         world_size: processes of the run.
         calibration: measured costs of this machine (``--cost-calibration``), or None for
             SEMU's analytic costs.
+        dp_ranks: the global ranks of this rank's DP group (a plan's ranks).
+        pp_ranks: the global ranks of this rank's pipeline replica (SEMU's tracks).
         """
+        self.dp_ranks, self.pp_ranks = list(dp_ranks), list(pp_ranks)
         self.spec = semu_model_spec(run, mllm)
         self.cluster = run_cluster(world_size, run.balance.gpus_per_node)
         self.semu = Semu(self.spec, self.cluster, calibration)
@@ -97,6 +130,14 @@ class StepPredictor:
             name = "none" if self.pipeline == 1 else "1f1b"
             schedule = generate(name, placement, structure_of(mbs, self.encoders))
         return self.semu.simulate_step([schedule], [mbs])
+
+    def predict_iteration(self, inputs: StepInputs) -> PredictedIteration:
+        """The plan's prediction of a per-phase balanced iteration, SEMU's of any other."""
+        if inputs.loads:
+            return from_plan(inputs.iteration, inputs.loads, inputs.unit, self.dp_ranks,
+                             inputs.loads_before)  # fmt: skip
+        step = self.predict(inputs.microbatches, inputs.schedule, inputs.pad_to)
+        return from_semu(inputs.iteration, step, self.pp_ranks)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from megatron.mllm import distributed
-from megatron.mllm.prediction import PredictedIteration
+from megatron.mllm.prediction import PredictedIteration, StepInputs, StepPredictor
 from megatron.mllm.step_trace import (
     ProfiledIteration,
     comparison,
@@ -72,6 +72,9 @@ class StepProfiler:
         """Whether the window gathers every rank's spans for the trace or the PNG."""
         self.writes = self.collects and rank == world - 1
         self.records: list[ProfiledIteration] = []
+        self.inputs: list[StepInputs] = []
+        self.predictor: StepPredictor | None = None
+        """Set by the trainer on the writing rank."""
         self.predictions: list[PredictedIteration] = []
         self._saved_level = timers.level
         self._torch = None
@@ -112,7 +115,7 @@ class StepProfiler:
             self._mark_at = time.perf_counter()
 
     def end(self, done: int, start: float, seconds: float, spans: list[Span],
-            actions: list[str] | None, prediction: PredictedIteration | None) -> None:  # fmt: skip
+            actions: list[str] | None, inputs: StepInputs | None) -> None:  # fmt: skip
         """After the iteration that made ``done`` finished ones (collective at the window's
         end: every rank calls it).
 
@@ -122,7 +125,8 @@ class StepProfiler:
             seconds: how long it took.
             spans: this rank's timer spans of it.
             actions: this rank's runtime actions in schedule order, if it ran the runtime.
-            prediction: the last rank's prediction of it, if any.
+            inputs: what the last rank's prediction of it needs, if it predicts (the predictions
+                run at the window's end, off the iterations).
         """
         if not self.active(done - 1):
             return
@@ -131,8 +135,8 @@ class StepProfiler:
             self._mark = None
         if self.collects:
             self.records.append(ProfiledIteration(done, start, seconds, spans, actions))
-            if prediction is not None:
-                self.predictions.append(prediction)
+            if inputs is not None:
+                self.inputs.append(inputs)
         if done == self.last:
             self._finish()
 
@@ -148,11 +152,13 @@ class StepProfiler:
             self._torch = None
         if not self.collects:
             return
+        if self.predictor is not None:
+            self.predictions = [self.predictor.predict_iteration(i) for i in self.inputs]
         offsets = distributed.clock_offsets()
         gathered = distributed.all_gather_objects(self.records)
         if self.writes:
             self._write(gathered, offsets)
-        self.records, self.predictions = [], []
+        self.records, self.predictions, self.inputs = [], [], []
 
     def _torch_events(self) -> dict[int, list[dict]]:
         """``torch.profiler``'s complete events per iteration, on this rank's clock."""

@@ -45,12 +45,7 @@ from megatron.mllm.data import (  # noqa: E402
 )
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
-from megatron.mllm.prediction import (  # noqa: E402
-    PredictedIteration,
-    StepPredictor,
-    from_plan,
-    from_semu,
-)
+from megatron.mllm.prediction import StepInputs, StepPredictor  # noqa: E402
 from megatron.mllm.profiling import MemoryHistory, StepProfiler  # noqa: E402
 from megatron.mllm.reporting import MetricWriters  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
@@ -178,7 +173,11 @@ class Trainer:
             calibration = None
             if run.balance.cost_calibration:
                 calibration = Calibration.load(run.balance.cost_calibration)
-            self.predictor = StepPredictor(run, self.mllm, run.parallel.world_size, calibration)
+            self.predictor = StepPredictor(
+                run, self.mllm, world, calibration, distributed.group_ranks(self.pg_collection.dp),
+                distributed.group_ranks(self.pg_collection.pp),
+            )  # fmt: skip
+        self.profiler.predictor = self.predictor
         self.model = build_stage_model(run, self.mllm, self.pp_rank, self.pg_collection)
         self.model = self.model.to(self.device)
         self.ddp_model = DistributedDataParallel(
@@ -293,20 +292,16 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- loop
 
-    def prediction(self) -> PredictedIteration | None:
-        """What OrchWeave predicted for the iteration just run (``megatron.mllm.prediction``);
+    def step_inputs(self) -> StepInputs | None:
+        """What the prediction of the iteration just run needs (``megatron.mllm.prediction``);
         None on ranks that do not predict."""
         if self.predictor is None:
             return None
-        stats = self.step.balance_stats
+        step, stats = self.step, self.step.balance_stats
         if stats is not None and stats.predicted_loads and self.run.parallel.pipeline == 1:
-            ranks = distributed.group_ranks(self.pg_collection.dp)
-            return from_plan(self.iteration, stats.predicted_loads, stats.unit, ranks,
-                             stats.predicted_loads_before)  # fmt: skip
-        step = self.predictor.predict(
-            self.step.last_samples, self.step.last_schedule, self.step.padded_length
-        )
-        return from_semu(self.iteration, step, distributed.group_ranks(self.pg_collection.pp))
+            return StepInputs(self.iteration, [], None, None, stats.predicted_loads,
+                              stats.predicted_loads_before, stats.unit)  # fmt: skip
+        return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length)
 
     def schedule_actions(self) -> list[str] | None:
         """This rank's actions of the runtime's latest schedule, in order (None without the
