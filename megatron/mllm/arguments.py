@@ -27,6 +27,7 @@ from megatron.mllm.run_config import (
     PipelineConfig,
     WorkloadConfig,
 )
+from orchestration.calibration import Calibration
 from orchestration.workload import PHASES
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,13 @@ def finish_arguments(args: argparse.Namespace) -> None:
             "--timing-log-level 1 or 2"
         )
     _check_profiling(args)
+    if args.cost_calibration:
+        # Read here, on every rank: the balancer and the predictor read it later on some ranks
+        # only, and a bad file must stop all of them with the same line.
+        try:
+            Calibration.load(args.cost_calibration)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"--cost-calibration {args.cost_calibration}: {e}") from None
     dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     if args.post_balance != "none" and args.node_wise_a2a and dp % args.gpus_per_node:
         raise ConfigError(

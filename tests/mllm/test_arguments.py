@@ -119,6 +119,8 @@ def test_the_typed_run_config_carries_every_flag():
         (["--post-balance-token-caps", "video=10"], r"expected PHASE=TOKENS"),
         (["--step-prediction"], r"--step-prediction .* needs --timing-log-level 1 or 2"),
         (["--profile-trace", "t.json"], r"--profile-trace needs --profile"),
+        (["--cost-calibration", "nowhere.json"],
+         r"--cost-calibration nowhere.json: calibration file not found"),  # fmt: skip
         (["--profile", "--train-iters", "5"], r"--profile-step-end 12 is past --train-iters 5"),
         (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"],
          r"--profile-step-start 3 must be >= 0 and below --profile-step-end 3"),  # fmt: skip

@@ -33,7 +33,11 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
                "--metrics-jsonl", str(metrics)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
         if proc.returncode != 0:
-            sys.exit(f"error: the {name} run failed:\n{proc.stderr[-4000:]}")
+            # A rank's own error comes first; torchrun's summary of the others fills the tail.
+            causes = [line for line in (proc.stdout + proc.stderr).splitlines()
+                      if line.startswith("error:") or "Error:" in line][:10]  # fmt: skip
+            sys.exit(f"error: the {name} run failed:\n" + "\n".join(causes)
+                     + f"\n{proc.stderr[-2000:]}")  # fmt: skip
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 

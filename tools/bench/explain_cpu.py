@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 from cpu_runs import run_main_job
 
@@ -101,6 +102,8 @@ def main() -> None:
     parser.add_argument("--calibration", help="calibration JSON (orchweave-calibrate)")
     args = parser.parse_args()
     cases = ["dp", "pp"] if args.case == "both" else [args.case]
+    if args.calibration:  # the runs start in the repository root
+        args.calibration = str(Path(args.calibration).resolve())
     gains = {c: run_case(c, args.rounds, args.iters, args.warmup, args.calibration) for c in cases}
     for c in cases:
         print(f"{CASES[c]['name']}: {gains[c]:.3f}")
