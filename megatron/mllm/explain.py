@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from megatron.mllm.timers import BACKWARD_TIMERS, FORWARD_TIMERS, PIPELINE_WAIT_TIMERS
+from pipeweaver.ir import LETTER_MODULE
+
 TERMS = ("compute", "pipeline waits", "collective waits", "transfers", "host", "optimizer")
 """The terms, in the order they are explained."""
 
@@ -55,8 +58,7 @@ PREDICTED_BY = {
 }
 """Which prediction of each source stands for each term."""
 
-_COMPUTE = ("forward-compute", "backward-compute", "encoder-forward", "encoder-backward")
-_PIPELINE_WAITS = ("recv-wait", "send-drain")
+_COMPUTE = FORWARD_TIMERS + BACKWARD_TIMERS
 
 
 class ExplainError(ValueError):
@@ -86,38 +88,44 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     return timed
 
 
+def _term_of(name: str, collectives: Mapping[str, Any]) -> str:
+    """The term a timer's self time belongs to (a collective's is split into its wait and its
+    transfer by the caller)."""
+    if name in _COMPUTE:
+        return "compute"
+    if name in PIPELINE_WAIT_TIMERS:
+        return "pipeline waits"
+    if name in collectives:
+        return "collective"
+    if name.startswith("optimizer"):
+        return "optimizer"
+    return "host"
+
+
 def measured_terms(timers: Mapping[str, Any], rank: int) -> dict[str, float]:
     """One rank's measured iteration cut into :data:`TERMS` (they add up to it)."""
-    exclusive = {name: v[rank] for name, v in timers["exclusive"].items()}
     other = timers["partition"].get("other", [0.0] * (rank + 1))[rank]
     terms = dict.fromkeys(TERMS, 0.0)
-    waits = {name: c["wait"][rank] for name, c in timers.get("collectives", {}).items()}
-    for name, seconds in exclusive.items():
-        if name in _COMPUTE:
-            terms["compute"] += seconds
-        elif name in _PIPELINE_WAITS:
-            terms["pipeline waits"] += seconds
-        elif name in waits:
-            wait = min(waits[name], seconds)
+    collectives = timers.get("collectives", {})
+    for name, per_rank in timers["exclusive"].items():
+        seconds, term = per_rank[rank], _term_of(name, collectives)
+        if term == "collective":
+            wait = min(collectives[name]["wait"][rank], seconds)
             terms["collective waits"] += wait
             terms["transfers"] += seconds - wait
-        elif name.startswith("optimizer"):
-            terms["optimizer"] += seconds
         else:
-            terms["host"] += seconds
+            terms[term] += seconds
     terms["host"] += other
     return terms
 
 
 def host_detail(timers: Mapping[str, Any], rank: int) -> dict[str, float]:
     """The host term's parts (self time per timer name, and ``other``)."""
-    waits = timers.get("collectives", {})
+    collectives = timers.get("collectives", {})
     out = {
         name: v[rank]
         for name, v in timers["exclusive"].items()
-        if name not in _COMPUTE + _PIPELINE_WAITS
-        and name not in waits
-        and not name.startswith("optimizer")
+        if _term_of(name, collectives) == "host"
     }
     out["untimed"] = timers["partition"].get("other", [0.0] * (rank + 1))[rank]
     return out
@@ -156,10 +164,6 @@ class Prediction:
     """Per global rank, predicted compute per module."""
 
 
-def _module_of(action: str) -> str:
-    return {"v": "vision", "a": "audio", "l": "llm"}.get(action[:1], action)
-
-
 def semu_terms(record: Mapping[str, Any]) -> Prediction:
     """SEMU's step as terms: its compute, host, all-reduce and optimizer intervals, and the rest
     of its step (the pipeline's bubbles and transfers)."""
@@ -178,7 +182,8 @@ def semu_terms(record: Mapping[str, Any]) -> Prediction:
         terms[rank] = t
         per: dict[str, float] = {}
         for action, v in record.get("actions_s", {}).items():
-            per[_module_of(action)] = per.get(_module_of(action), 0.0) + v[i]
+            module = LETTER_MODULE.get(action[:1], action)
+            per[module] = per.get(module, 0.0) + v[i]
         phases[rank] = per
     return Prediction("semu", terms, phases)
 

@@ -23,13 +23,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from megatron.mllm.prediction import PredictedIteration
-from megatron.mllm.timers import Span
+from megatron.mllm.timers import BACKWARD_TIMERS, FORWARD_TIMERS, Span
 from pipeweaver.ir import Compute, ScheduleError, parse
 from pipeweaver.semu.results import Event
 from pipeweaver.semu.trace import event_color, pyplot
 
-FORWARD = ("forward-compute", "encoder-forward")
-BACKWARD = ("backward-compute", "encoder-backward")
 COMMUNICATION = {
     "recv-wait": "p2p", "recv-post": "p2p", "send-post": "p2p", "send-drain": "p2p",
     "all-to-all": "a2a", "metadata-gather": "allreduce", "all-grads-sync": "allreduce",
@@ -68,9 +66,9 @@ class ProfiledIteration:
 def category(name: str) -> str:
     """The drawing category of a timer: ``F``, ``B``, ``p2p``, ``a2a``, ``allreduce``,
     ``optimizer`` or ``host``."""
-    if name in FORWARD:
+    if name in FORWARD_TIMERS:
         return "F"
-    if name in BACKWARD:
+    if name in BACKWARD_TIMERS:
         return "B"
     if name in COMMUNICATION:
         return COMMUNICATION[name]

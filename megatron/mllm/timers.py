@@ -39,6 +39,16 @@ OTHER = "other"
 LOG_OPTIONS = ("max", "minmax", "all")
 """``--timing-log-option`` values (Megatron's)."""
 
+FORWARD_TIMERS = ("forward-compute", "encoder-forward")
+"""Timers of forward compute: megatron-core's and the runtime's per microbatch or action, and
+the per-phase step's encoder bodies."""
+
+BACKWARD_TIMERS = ("backward-compute", "encoder-backward")
+"""Timers of backward compute (an encoder's backward holds the transposed exchange)."""
+
+PIPELINE_WAIT_TIMERS = ("recv-wait", "send-drain")
+"""Timers of the pipeline runtime waiting for its peers."""
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -256,7 +266,7 @@ def detail_key(span: Span) -> str | None:
         return None
     if span.level == 1:
         return span.detail
-    if span.name in ("forward-compute", "backward-compute"):
+    if span.name in (FORWARD_TIMERS[0], BACKWARD_TIMERS[0]):  # the runtime's actions
         return MODULE_OF_LETTER.get(span.detail[:1])
     return None
 
