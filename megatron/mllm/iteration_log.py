@@ -73,7 +73,7 @@ class IterationLog:
             self.pending_records.append(record)
             if run.logging.step_prediction:
                 self.pending_inputs.append(inputs)
-        if not self.timed and not self.pending_inputs:
+        if not self.timed:  # (--step-prediction needs timers: its records wait too)
             self._write_records()
         if tr.iteration % run.logger.log_interval == 0:
             self.flush()

@@ -174,15 +174,15 @@ class PredictedIteration:
     def record(self) -> dict[str, Any]:
         """The ``prediction`` entry of ``--metrics-jsonl``."""
         tracks = len(self.ranks)
-        per_kind = {"F": [0.0] * tracks, "B": [0.0] * tracks}
+        categories: dict[str, list[float]] = {}
         actions: dict[str, list[float]] = {}
         phases: dict[str, list[float]] = {}
         for e in self.events:
-            if e.category in per_kind:
-                per_kind[e.category][e.rank] += e.end - e.start
-                actions.setdefault(e.name, [0.0] * tracks)[e.rank] += e.end - e.start
-            if self.source == "plan":
-                phases.setdefault(e.module, [0.0] * tracks)[e.rank] += e.end - e.start
+            seconds = e.end - e.start
+            categories.setdefault(e.category, [0.0] * tracks)[e.rank] += seconds
+            if e.category in ("F", "B"):
+                actions.setdefault(e.name, [0.0] * tracks)[e.rank] += seconds
+            phases.setdefault(e.module, [0.0] * tracks)[e.rank] += seconds
         out: dict[str, Any] = {"source": self.source, "ranks": list(self.ranks),
                                "unit": self.unit, "step_s": self.step_s,
                                "busy_s": list(self.busy_s)}  # fmt: skip
@@ -190,12 +190,10 @@ class PredictedIteration:
             out["phases"] = phases
             out["phases_before"] = {p: list(v) for p, v in self.loads_before.items()}
         else:
-            out["compute_s"] = {"forward-compute": per_kind["F"],
-                                "backward-compute": per_kind["B"]}  # fmt: skip
+            zeros = [0.0] * tracks
+            out["compute_s"] = {"forward-compute": categories.get("F", zeros),
+                                "backward-compute": categories.get("B", zeros)}  # fmt: skip
             out["breakdown"] = dict(self.breakdown)
-            categories: dict[str, list[float]] = {}
-            for e in self.events:
-                categories.setdefault(e.category, [0.0] * tracks)[e.rank] += e.end - e.start
             out["category_s"] = categories
             out["actions_s"] = actions
         return out

@@ -23,6 +23,7 @@ import gzip
 import json
 import logging
 import os
+import pickle
 import tempfile
 import time
 from pathlib import Path
@@ -75,7 +76,6 @@ class StepProfiler:
         self.inputs: list[StepInputs] = []
         self.predictor: StepPredictor | None = None
         """Set by the trainer on the writing rank."""
-        self.predictions: list[PredictedIteration] = []
         self._saved_level = timers.level
         self._torch = None
         self._mark = None
@@ -152,13 +152,14 @@ class StepProfiler:
             self._torch = None
         if not self.collects:
             return
+        predictions = []
         if self.predictor is not None:
-            self.predictions = [self.predictor.predict_iteration(i) for i in self.inputs]
+            predictions = [self.predictor.predict_iteration(i) for i in self.inputs]
         offsets = distributed.clock_offsets()
         gathered = distributed.all_gather_objects(self.records)
         if self.writes:
-            self._write(gathered, offsets)
-        self.records, self.predictions, self.inputs = [], [], []
+            self._write(gathered, offsets, predictions)
+        self.records, self.inputs = [], []
 
     def _torch_events(self) -> dict[int, list[dict]]:
         """``torch.profiler``'s complete events per iteration, on this rank's clock."""
@@ -192,10 +193,12 @@ class StepProfiler:
                     break
         return out
 
-    def _records(self, gathered: list[list[ProfiledIteration]], offsets: list[float]) -> list:
+    @staticmethod
+    def _records(gathered: list[list[ProfiledIteration]], offsets: list[float],
+                 predictions: list[PredictedIteration]) -> list:  # fmt: skip
         """The iterations as ``--metrics-jsonl`` records its timers and prediction (what
         ``orchweave-explain-step`` reads)."""
-        predicted = {p.iteration: p.record() for p in self.predictions}
+        predicted = {p.iteration: p.record() for p in predictions}
         out = []
         for i, it in enumerate(gathered[0]):
             times = [RankTimes.of(rank[i].spans, rank[i].seconds) for rank in gathered]
@@ -205,9 +208,10 @@ class StepProfiler:
             out.append(record)
         return out
 
-    def _write(self, gathered: list[list[ProfiledIteration]], offsets: list[float]) -> None:
+    def _write(self, gathered: list[list[ProfiledIteration]], offsets: list[float],
+               predictions: list[PredictedIteration]) -> None:  # fmt: skip
         iterations = sorted({it.iteration for it in gathered[0]})
-        predicted = {p.iteration: p for p in self.predictions}
+        predicted = {p.iteration: p for p in predictions}
         lines: list[str] = []
         for it in iterations:
             events, busy, measured_s = comparison(gathered, offsets, it)
@@ -217,7 +221,7 @@ class StepProfiler:
             print("> profile: " + "\n> profile: ".join(lines), flush=True)
         if self.trace_path:
             trace = profile_trace(gathered, offsets, list(predicted.values()))
-            trace["otherData"]["records"] = self._records(gathered, offsets)
+            trace["otherData"]["records"] = self._records(gathered, offsets, predictions)
             with open(self.trace_path, "w", encoding="utf-8") as f:
                 json.dump(trace, f)
         if self.png_path:
@@ -248,7 +252,5 @@ class MemoryHistory:
         """Write the snapshot (at a log line)."""
         if not self.on:
             return
-        import pickle
-
         with open(self.path, "wb") as f:
             pickle.dump(torch.cuda.memory._snapshot(), f)

@@ -298,7 +298,7 @@ class Trainer:
         if self.predictor is None:
             return None
         step, stats = self.step, self.step.balance_stats
-        if stats is not None and stats.predicted_loads and self.run.parallel.pipeline == 1:
+        if stats is not None and stats.predicted_loads:  # the per-phase step's plan
             return StepInputs(self.iteration, [], None, None, stats.predicted_loads,
                               stats.predicted_loads_before, stats.unit)  # fmt: skip
         return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length)
