@@ -122,6 +122,11 @@ class IntervalStats:
         self.bytes_moved += bytes_moved
 
 
+def tflops_per_gpu(flops: float, seconds: float, world_size: int) -> float:
+    """Model TFLOP/s per rank (the log line's "throughput per GPU", and TensorBoard's)."""
+    return flops / seconds / world_size / 1e12
+
+
 def format_log_line(
     iteration: int,
     train_iters: int,
@@ -137,7 +142,7 @@ def format_log_line(
     n = max(1, stats.iterations)
     ms = 1000.0 * stats.seconds / n
     secs = max(stats.seconds, 1e-12)
-    tflops = stats.flops / secs / world_size / 1e12
+    tflops = tflops_per_gpu(stats.flops, secs, world_size)
     parts = [
         f" [{time.strftime('%Y-%m-%d %H:%M:%S')}] iteration {iteration:8d}/{train_iters:8d}",
         f"consumed samples: {consumed_samples:12d}",

@@ -44,6 +44,7 @@ from numbers import Real
 from typing import Any, Mapping, Sequence
 
 from megatron.mllm.arguments import ConfigError
+from megatron.mllm.metrics import tflops_per_gpu
 from megatron.mllm.run_config import RunConfig
 
 TIMERS = "timers"
@@ -124,7 +125,7 @@ def throughput(record: Mapping[str, Any], world_size: int) -> dict[str, float]:
         if (n := _number(record.get(key))) is not None:
             out[tag] = n / seconds
     if (flops := _number(record.get("flops"))) is not None:
-        out["tflops_per_gpu"] = flops / seconds / world_size / 1e12
+        out["tflops_per_gpu"] = tflops_per_gpu(flops, seconds, world_size)
     return out
 
 
