@@ -35,9 +35,10 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
         if proc.returncode != 0:
             # A rank's own error comes first; torchrun's summary of the others fills the tail.
             causes = [line for line in (proc.stdout + proc.stderr).splitlines()
-                      if line.startswith("error:") or "Error:" in line][:10]  # fmt: skip
-            sys.exit(f"error: the {name} run failed:\n" + "\n".join(causes)
-                     + f"\n{proc.stderr[-2000:]}")  # fmt: skip
+                      if line.startswith("error:")][:10]  # fmt: skip
+            # torchrun's own traceback only when no rank said why.
+            detail = "\n".join(dict.fromkeys(causes)) if causes else proc.stderr[-2000:]
+            sys.exit(f"error: the {name} run failed:\n{detail}")
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 

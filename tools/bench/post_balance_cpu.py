@@ -1,30 +1,38 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Batch post-balancing on a real CPU run: DP=2, with and without, on the same data.
+"""Is training faster with ``--post-balance auto``? none and auto interleaved on the same data.
 
-Runs the main job (2 gloo ranks, PP=1) twice on the same global batches: upstream Megatron's
-assignment (``--post-balance none``) and OrchWeave's per-phase balancing (``--post-balance
-auto``). Prints each run's median iteration time and throughput, their ratio, and beside it
-the *ideal* ratio computed from the metadata alone: per iteration, the baseline's step is set
-by the slowest rank's summed work over all phases, ``max_r sum_p c[r, p]``; the balanced step
-runs each phase to completion everywhere before the next, ``sum_p max_r c'[r, p]``, with the
-plan's assignment ``c'``; costs are the balancer's (FLOPs, or seconds with --calibration).
-Both runs' losses must agree (same global batch).
+Runs the main job (gloo ranks, PP=1) as ``none auto none auto ...`` (``--reps`` pairs) on the
+same global batches: upstream Megatron's assignment (``--post-balance none``) and OrchWeave's
+per-phase balancing (``--post-balance auto``). The host's speed drifts within minutes, so each
+pair's ratio (none's median iteration time over auto's) compares two runs a few seconds apart,
+and the median of the pairs is the figure. Beside it, the *ideal* ratio from the metadata alone:
+per iteration, Megatron's step is set by the slowest rank's summed work over all phases,
+``max_r sum_p c[r, p]``; the balanced step runs each phase to completion everywhere before the
+next, ``sum_p max_r c'[r, p]``, with the plan's assignment ``c'``; costs are the balancer's
+(FLOPs, or seconds with ``--calibration``). Then the timers' breakdown of the median pair: per
+phase, the slowest rank's compute in both modes (what balancing saved), and explain_step's
+terms (what it cost: planning, exchanges, waits). Both modes' losses must agree.
 
-Usage: python tools/bench/post_balance_cpu.py [--iters N] [--warmup K] [--workload SPEC]
-       [--calibration FILE]
+Usage: python tools/bench/post_balance_cpu.py [--workload W] [--reps R] [--dp 2] [--iters N]
+       [--warmup K] [--calibration FILE] [-- extra trainer flags]
 
-Ends with one line ``post_balance_throughput_ratio: R``.
+Ends with one line ``post_balance_realized_fraction: F``, F = (median ratio - 1) / (ideal - 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
-from cpu_runs import run_main_job, summarize
+from cpu_runs import run_main_job
 
-from megatron.mllm.config_files import load_run_config, set_flags
+from megatron.mllm.cli.args import quiet_config_files
+from megatron.mllm.explain import format_comparison, measured_phases, summarize_pair
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.metadata import GatheredMetadata
@@ -33,6 +41,8 @@ from orchestration.phase_plan import plan_iteration
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 MEGATRON = ["--pipeline-model-parallel-size", "1", "--pipeline-schedule", "megatron"]
+TIMED = ["--timing-log-level", "2", "--step-prediction"]
+MODES = {"none": ["--post-balance", "none"], "auto": ["--post-balance", "auto"]}
 
 
 def megatron_rank_samples(gen, iteration: int, dp: int, mbs: int, num_mb: int):
@@ -43,66 +53,103 @@ def megatron_rank_samples(gen, iteration: int, dp: int, mbs: int, num_mb: int):
     ]
 
 
-def ideal_ratio(workload: str, iters: int, calibration: str | None) -> tuple[float, dict]:
-    """Baseline over balanced predicted step time, summed over the iterations."""
-    dp = 2
-    spec = load_run_config("cpu-main", set_flags({"workload": workload}), world_size=dp).semu
+def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
+                extra: list[str]) -> tuple[float, str]:  # fmt: skip
+    """Megatron's over the balanced predicted step time, summed over the iterations."""
+    config_files = quiet_config_files()
+    flags = [*config_files.set_flags({"workload": workload}), *map(shlex.quote, extra)]
+    spec = config_files.load_run_config("cpu-main", [" ".join(flags)], world_size=dp).semu
     t = spec.training
     gen = WorkloadGenerator(
         WorkloadSpec.load(workload), seed=t.workload_seed, token_scale=t.workload_token_scale
     )
-    cal = Calibration.load(calibration) if calibration else None
-    cost = CostModel.build(spec.shape, cal)
+    cost = CostModel.build(spec.shape, Calibration.load(calibration) if calibration else None)
     mbs = t.micro_batch_size
     num_mb = t.global_batch_size // (mbs * dp)
     before = after = 0.0
     for it in range(iters):
         md = GatheredMetadata.from_rank_samples(megatron_rank_samples(gen, it, dp, mbs, num_mb))
-        plan = plan_iteration(md, cost, algorithm="auto", gpus_per_node=2)
-        loads_before = np.sum([p.loads_before for p in plan.phases], axis=0)
-        before += float(loads_before.max())
+        plan = plan_iteration(md, cost, algorithm="auto", gpus_per_node=dp)
+        before += float(np.sum([p.loads_before for p in plan.phases], axis=0).max())
         after += float(sum(p.loads_after.max() for p in plan.phases))
-    return before / after, {"unit": cost.unit}
+    return before / after, cost.unit
+
+
+def _median_time(records: list[dict]) -> float:
+    return statistics.median(r["iteration_time_s"] for r in records)
+
+
+def phase_table(none: list[dict], auto: list[dict], warmup: int, dp: int) -> list[str]:
+    """Per phase, the slowest rank's measured compute (mean over the timed iterations)."""
+
+    def slowest(records: list[dict]) -> dict[str, float]:
+        out: dict[str, list[float]] = {}
+        for rec in records[warmup:]:
+            per_rank = [measured_phases(rec["timers"], r) for r in range(dp)]
+            for phase in per_rank[0]:
+                out.setdefault(phase, []).append(max(p.get(phase, 0.0) for p in per_rank))
+        return {p: statistics.mean(v) for p, v in out.items()}
+
+    def ms(x: float | None) -> str:
+        return f"{x * 1e3:8.1f}" if x is not None else f"{'-':>8s}"
+
+    a, b = slowest(none), slowest(auto)
+    lines = ["per phase, slowest rank's compute, ms per iteration (what balancing saved; '-': "
+             "the step does not time that module apart):"]  # fmt: skip
+    lines.append(f"    {'phase':10s} {'none':>8s} {'auto':>8s} {'saved':>8s}")
+    for phase in dict.fromkeys([*a, *b]):
+        pa, pb = a.get(phase), b.get(phase)
+        saved = pa - pb if pa is not None and pb is not None else None
+        lines.append(f"    {phase:10s} {ms(pa)} {ms(pb)} {ms(saved)}")
+    return lines
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--workload", default="omni-three-modality")
+    parser.add_argument("--reps", type=int, default=3, help="none/auto pairs (at least 3)")
+    parser.add_argument("--dp", type=int, default=2, help="data-parallel ranks (gloo processes)")
+    parser.add_argument("--iters", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--calibration", help="calibration JSON for the ideal ratio's costs")
-    args = parser.parse_args()
-    common = [*MEGATRON, "--workload", args.workload]
-    runs = {
-        "none": summarize(
-            run_main_job("baseline", [*common, "--post-balance", "none"], args.iters), args.warmup
-        ),
-        "auto": summarize(
-            run_main_job("balanced", [*common, "--post-balance", "auto"], args.iters), args.warmup
-        ),
-    }
-    base, bal = runs["none"], runs["auto"]
-    deviation = max(abs(a - b) / abs(a) for a, b in zip(base["losses"], bal["losses"]))
-    ideal, info = ideal_ratio(args.workload, args.iters, args.calibration)
-    print(f"batch post-balancing on {args.workload}, CPU, DP=2 (PP=1), same global batches")
-    print(
-        f"{'run':10s} {'iter ms':>9s} {'samples/s':>10s} {'tokens/s':>10s}  imbalance max/mean per phase"
-    )
-    for name, r in runs.items():
-        after = r.get("imbalance_balanced", {})
-        imb = " ".join(
-            f"{p} {v:.3f}" + (f"->{after[p]:.3f}" if p in after else "")
-            for p, v in r["imbalance"].items()
-        )
-        print(
-            f"{name:10s} {r['iteration_ms']:9.1f} {r['samples_per_s']:10.2f} {r['tokens_per_s']:10.1f}  {imb}"
-        )
-    ratio = bal["tokens_per_s"] / base["tokens_per_s"]
-    print(f"bytes moved per iteration (balanced): {bal['bytes_moved'] / 1e6:.3f} MB")
-    print(f"largest relative loss difference between the runs: {deviation:.2e}")
-    print(f"ideal ratio from the metadata ({info['unit']}): {ideal:.3f}")
-    print(f"measured throughput ratio (balanced / baseline): {ratio:.3f}")
-    print(f"post_balance_throughput_ratio: {ratio:.3f}")
+    args = parser.parse_args(own)
+    if args.reps < 3:
+        parser.error(f"--reps {args.reps}: a comparison needs at least 3 interleaved pairs")
+    if args.calibration:  # the runs start in the repository root
+        args.calibration = str(Path(args.calibration).resolve())
+    common = [*MEGATRON, *TIMED, "--workload", args.workload, *extra]
+    print(f"batch post-balancing on {args.workload}, CPU, DP={args.dp} (PP=1), same global "
+          f"batches; {args.reps} pairs none/auto interleaved, {args.iters} iterations each, "
+          f"{args.warmup} warm-up" + (f"; extra flags: {shlex.join(extra)}" if extra else ""))  # fmt: skip
+    pairs = []
+    for rep in range(args.reps):
+        runs = {m: run_main_job(f"{m} (pair {rep + 1})", [*common, *flags], args.iters,
+                                nproc=args.dp) for m, flags in MODES.items()}  # fmt: skip
+        t_none, t_auto = (_median_time(runs[m][args.warmup :]) for m in MODES)
+        deviation = max(abs(a["lm_loss"] - b["lm_loss"]) / abs(a["lm_loss"])
+                        for a, b in zip(runs["none"], runs["auto"]))  # fmt: skip
+        pairs.append((t_none / t_auto, runs))
+        print(f"pair {rep + 1}: iteration none {t_none * 1e3:.1f} ms, auto {t_auto * 1e3:.1f} ms: "
+              f"ratio {t_none / t_auto:.3f} (largest relative loss difference {deviation:.1e})")  # fmt: skip
+    ratios = [r for r, _ in pairs]
+    median = statistics.median(ratios)
+    ideal, unit = ideal_ratio(args.workload, args.iters, args.dp, args.calibration, extra)
+    print(f"measured ratio (none / auto iteration time): median {median:.3f}, spread "
+          f"{min(ratios):.3f}-{max(ratios):.3f}")  # fmt: skip
+    print(f"ideal ratio from the metadata ({unit} costs): {ideal:.3f}")
+    _, runs = sorted(pairs, key=lambda p: p[0])[len(pairs) // 2]
+    print("-- timers of the median pair")
+    print("\n".join(phase_table(runs["none"], runs["auto"], args.warmup, args.dp)))
+    a, b = summarize_pair(runs["none"], runs["auto"], args.warmup)
+    a.name, b.name = "none", "auto"
+    print("\n".join(format_comparison(a, b)))
+    bytes_moved = statistics.mean(r.get("bytes_moved", 0.0) for r in runs["auto"])
+    print(f"bytes moved per iteration (auto): {bytes_moved / 1e6:.3f} MB")
+    fraction = (median - 1.0) / (ideal - 1.0) if ideal > 1.0 else float("nan")
+    print(f"post_balance_realized_fraction: {fraction:.3f}")
 
 
 if __name__ == "__main__":
