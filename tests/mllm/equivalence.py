@@ -3,7 +3,9 @@
 
 Every layout, schedule and balancing mode must learn exactly what one process learns from the
 same global batch: same initial weights (bit for bit), same loss, same gradients (1e-5
-relative). Configurations of one world size run in one launch (``grad_worker.py``).
+relative), and over several optimizer steps the same reported losses and gradient norms and the
+same parameters (``test_golden_losses.py``). Configurations of one world size run in one launch
+(``grad_worker.py``, ``train_worker.py``).
 """
 
 from __future__ import annotations
