@@ -132,9 +132,10 @@ def assert_trains_the_same(records, learned, ref_records, ref_learned, rtol=1e-5
 
     Args:
         records: the run's ``--metrics-jsonl`` records, one per iteration.
-        learned: its last gradients and final parameters, as :func:`merge` returns them.
+        learned: ``(gradients, parameters)``: its last gradients and final parameters by
+            global name (:func:`merge`'s first two).
         ref_records: the reference's records.
-        ref_learned: the reference's gradients and parameters.
+        ref_learned: the reference's ``(gradients, parameters)``.
     """
     assert len(records) == len(ref_records), (len(records), len(ref_records))
     for i, (record, ref) in enumerate(zip(records, ref_records)):
