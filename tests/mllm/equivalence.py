@@ -1,9 +1,11 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Gradient-equivalence helpers: one step's gradients of any layout, merged by global name.
+"""Equivalence helpers: gradients and parameters of any layout, merged by global name.
 
 Every layout, schedule and balancing mode must learn exactly what one process learns from the
 same global batch: same initial weights (bit for bit), same loss, same gradients (1e-5
-relative). Configurations of one world size run in one launch (``grad_worker.py``).
+relative), and over several optimizer steps the same reported losses and gradient norms and the
+same parameters (``test_golden_losses.py``). Configurations of one world size run in one launch
+(``grad_worker.py``, ``train_worker.py``).
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ def run_configs(
     }
 
 
-def merge(data: list[dict], tp: int = 1) -> tuple[dict, dict, torch.Tensor]:
+def merge(
+    data: list[dict], tp: int = 1, full_shapes: dict[str, torch.Size] | None = None
+) -> tuple[dict, dict, torch.Tensor]:
     """Merge ranks' files by global name; TP shards are concatenated, DP replicas must agree.
 
     With TP, rank ``r`` holds shard ``r % tp``; a shard is concatenated along the dimension
-    where its shape differs from the full tensor's.
+    where its shape differs from the full tensor's (``full_shapes``, by default
+    :data:`FULL_SHAPES`).
     """
+    full_shapes = FULL_SHAPES if full_shapes is None else full_shapes
     grads, params, loss = {}, {}, None
     for r in range(0, len(data), tp):  # one TP group at a time
         group = data[r : r + tp]
@@ -87,16 +93,21 @@ def merge(data: list[dict], tp: int = 1) -> tuple[dict, dict, torch.Tensor]:
             for name in group[0][key]:
                 shards = [d[key][name] for d in group]
                 full = shards[0]
-                if name in FULL_SHAPES and full.shape != FULL_SHAPES[name]:
+                if name in full_shapes and full.shape != full_shapes[name]:
                     dim = next(
-                        i for i in range(full.dim()) if full.shape[i] != FULL_SHAPES[name][i]
+                        i for i in range(full.dim()) if full.shape[i] != full_shapes[name][i]
                     )
                     full = torch.cat(shards, dim)
-                if key == "grads" and name in merged:  # replicated over DP: replicas agree
+                if name in merged:  # replicated over DP: replicas agree
                     torch.testing.assert_close(full, merged[name], rtol=1e-6, atol=0)
                 merged[name] = full
         loss = next((d["loss"] for d in group if d["loss"] is not None), loss)
     return grads, params, loss
+
+
+def relative_difference(tensor: torch.Tensor, reference: torch.Tensor) -> float:
+    """``|tensor - reference| / |reference|`` (Frobenius norms)."""
+    return float((tensor - reference).norm() / reference.norm().clamp_min(1e-30))
 
 
 def assert_equivalent(run, reference) -> None:
@@ -108,6 +119,61 @@ def assert_equivalent(run, reference) -> None:
         assert torch.equal(p, ref_params[name]), f"initial weights of {name} differ"
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
     for name, g in grads.items():
-        ref = ref_grads[name]
-        rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
+        rel = relative_difference(g, ref_grads[name])
         assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
+
+
+def assert_trains_the_same(records, learned, ref_records, ref_learned, rtol=1e-5) -> None:
+    """Several iterations with optimizer steps learn what the reference learns.
+
+    The same samples and tokens every iteration; the trainer's reported loss and gradient norm
+    of every iteration, the last iteration's gradients and every parameter after the last step
+    within ``rtol`` (relative).
+
+    Args:
+        records: the run's ``--metrics-jsonl`` records, one per iteration.
+        learned: ``(gradients, parameters)``: its last gradients and final parameters by
+            global name (:func:`merge`'s first two).
+        ref_records: the reference's records.
+        ref_learned: the reference's ``(gradients, parameters)``.
+    """
+    assert len(records) == len(ref_records), (len(records), len(ref_records))
+    for i, (record, ref) in enumerate(zip(records, ref_records)):
+        batch, ref_batch = (record["samples"], record["tokens"]), (ref["samples"], ref["tokens"])
+        assert batch == ref_batch, f"iteration {i}: (samples, tokens) {batch} != {ref_batch}"
+        for field in ("lm_loss", "grad_norm"):
+            rel = abs(record[field] - ref[field]) / abs(ref[field])
+            assert rel <= rtol, f"iteration {i}: {field} {record[field]} vs {ref[field]}"
+    for kind, tensors, ref_tensors in zip(("gradient", "parameter"), learned, ref_learned):
+        assert set(tensors) == set(ref_tensors), f"{kind}s: {set(tensors) ^ set(ref_tensors)}"
+        off = {
+            name: rel
+            for name, t in tensors.items()
+            if (rel := relative_difference(t, ref_tensors[name])) > rtol
+        }
+        assert not off, f"{kind}s beyond {rtol:g} (relative): {off}"
+
+
+def without_key_biases(
+    tensors: dict[str, torch.Tensor], heads: int, groups: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every attention's qkv bias without its key slices, and those slices apart, by name.
+
+    Adding the same score to every key of a query leaves the softmax unchanged, so the key bias
+    gets no gradient in exact arithmetic: it gets round-off instead (about 1e-11 here), which
+    Adam turns into updates that differ from layout to layout and that the loss cannot see.
+    megatron-core lays the qkv bias out per query group as ``[query heads, key, value]``, each
+    one head wide.
+
+    Args:
+        tensors: parameters or gradients by global name.
+        heads: attention heads of every attention.
+        groups: query groups of every attention.
+    """
+    out, keys = dict(tensors), {}
+    for name, t in tensors.items():
+        if name.endswith("self_attention.linear_qkv.bias"):
+            per_group = t.view(groups, heads // groups + 2, -1)
+            keys[name] = per_group[:, -2]
+            out[name] = torch.cat([per_group[:, :-2], per_group[:, -1:]], 1).flatten()
+    return out, keys

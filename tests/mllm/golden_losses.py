@@ -1,8 +1,10 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Losses and gradient norms of the main job in every training mode, over 4 optimizer steps.
+"""The main job in every training mode, over 5 optimizer steps, and its one-process reference.
 
-``golden/losses.json`` holds the values of commit 73f5d61, before the restructuring of issue 9;
-``test_golden_losses.py`` reruns every mode and compares bit for bit. The numerics are pinned
+``golden/losses.json`` holds each mode's losses and gradient norms; the first 4 iterations are
+those of commit 73f5d61, before the restructuring of issue 9. ``test_golden_losses.py`` reruns
+every mode, compares bit for bit, and compares every mode with the reference
+(:data:`REFERENCE`: PP=1, DP=1, TP=1) within 1e-5. The numerics are pinned
 (1 thread, ATen's and MKL's AVX2 code paths) so that any x86-64 machine with AVX2 computes the
 same floats. Regenerate only when training is meant to change:
 ``python tests/mllm/golden_losses.py --write``.
@@ -31,16 +33,25 @@ def main_job_flags() -> list[str]:
 
 MAIN_JOB = [
     *main_job_flags(),
-    # Each mode below says what it switches on; 4 iterations, one of them warm-up.
+    # Each mode below says what it switches on. 5 iterations: the first one warms up (at
+    # learning rate 0, Adam's moments still learn), the cosine decays over the first 4 (as when
+    # these runs had 4 iterations, so that those stay as they were) and the 5th runs at
+    # --min-lr. The main job's --clip-grad 1.0 clips every iteration (the test asserts it).
     "--post-balance", "none", "--pipeline-schedule", "megatron",
-    "--train-iters", "4", "--lr-warmup-iters", "1", "--log-interval", "1",
+    "--train-iters", "5", "--lr-warmup-iters", "1", "--lr-decay-iters", "4",
+    "--log-interval", "1",
 ]  # fmt: skip
-"""The main job's flags, every OrchWeave feature off, 4 iterations."""
+"""The main job's flags, every OrchWeave feature off, 5 iterations."""
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
+REFERENCE = "dp1-pp1"
+"""The one-process run that every mode must learn the same as."""
+
 MODES: dict[int, dict[str, list[str]]] = {
+    1: {REFERENCE: []},
     2: {
         "dp2-megatron": [],
+        "tp2-megatron": ["--tensor-model-parallel-size", "2"],
         "dp2-balanced-auto": ["--post-balance", "auto"],
         "dp2-balanced-lpt-node-wise": ["--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip
@@ -55,7 +66,9 @@ MODES: dict[int, dict[str, list[str]]] = {
                                        "--encoder-sub-microbatch-tokens", "40",
                                        "--pipeline-recompute", "all"],  # fmt: skip
     },
-    4: {
+    4: {  # 4 processes also simulate 2 nodes x 2 ranks
+        "dp4-balanced-kk-node-wise": ["--post-balance", "kk", "--node-wise-a2a",
+                                      "--gpus-per-node", "2"],  # fmt: skip
         "dp2-pp2-megatron": [*PP2],
         "dp2-pp2-whole-samples-megatron": [*PP2, "--post-balance", "auto"],
         "dp2-pp2-whole-samples-dynamic": [*PP2, "--post-balance", "auto",
@@ -65,6 +78,12 @@ MODES: dict[int, dict[str, list[str]]] = {
 """World size -> mode -> flags added to :data:`MAIN_JOB`."""
 
 FIELDS = ("lm_loss", "grad_norm", "samples", "tokens")
+
+
+def flag_value(flags: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of ``name`` in ``flags``: the last one given, as the parser takes it."""
+    at = [i for i, flag in enumerate(flags) if flag == name]
+    return flags[at[-1] + 1] if at else default
 
 
 def pinned_numerics() -> str | None:

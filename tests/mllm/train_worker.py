@@ -3,12 +3,16 @@
 
 Usage: ``train_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. Each configuration trains
 for its ``--train-iters`` with a fresh trainer and writes its metrics to ``OUT_DIR/NAME.jsonl``
-(the trainer's own ``--metrics-jsonl``). One launch saves the processes' start-up.
+(the trainer's own ``--metrics-jsonl``) and ``OUT_DIR/NAME/rank{R}.pt``: the last iteration's
+main gradients and the parameters after the last optimizer step, by layout-independent name
+(the form of ``grad_worker.py``'s files, for ``equivalence.merge``). One launch saves the
+processes' start-up.
 """
 
 import os
 import sys
 
+import torch
 import torch.distributed as dist
 from grad_worker import configurations
 
@@ -29,7 +33,14 @@ def main() -> None:
     out_dir = sys.argv[1]
     for name, flags in configurations(sys.argv[2:]):
         metrics = os.path.join(out_dir, f"{name}.jsonl")
-        fresh_trainer([*flags, "--metrics-jsonl", metrics]).train()
+        trainer = fresh_trainer([*flags, "--metrics-jsonl", metrics])
+        trainer.train()
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        torch.save(
+            {"grads": trainer.main_grads(), "params": trainer.parameters_by_name(), "loss": None},
+            os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
+        )
+        del trainer
     dist.destroy_process_group()
 
 
