@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,11 +38,10 @@ def initialize_distributed(run) -> torch.device:
             logger.debug("no CUDA device: using the gloo backend instead of %s", backend)
         backend = "gloo"
         device = torch.device("cpu")
-    timeout = run.distributed.distributed_timeout_minutes
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
-            timeout=timedelta(minutes=timeout),
+            timeout=run.distributed_timeout,
             world_size=run.parallel.world_size,
             rank=int(os.getenv("RANK", "0")),
         )
@@ -55,7 +53,7 @@ def initialize_distributed(run) -> torch.device:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=run.parallel.tensor,
         pipeline_model_parallel_size=run.parallel.pipeline,
-        distributed_timeout_minutes=timeout,
+        distributed_timeout_minutes=run.distributed.distributed_timeout_minutes,
     )
     cpu_shim.model_parallel_manual_seed(run.seed)
     torch.manual_seed(run.seed)
