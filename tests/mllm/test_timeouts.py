@@ -107,8 +107,10 @@ def _survivor_exits(runs: dict[str, list[subprocess.Popen]], out: Path) -> dict[
 
 @pytest.mark.multiproc
 def test_a_stalled_rank_ends_the_others_within_the_timeout_with_one_error_line(tmp_path):
-    runs = {name: _launch(name, flags, tmp_path) for name, flags in RUNS.items()}
+    runs: dict[str, list[subprocess.Popen]] = {}
     try:
+        for name, flags in RUNS.items():
+            runs[name] = _launch(name, flags, tmp_path)
         exits = _survivor_exits(runs, tmp_path)
         stopped = {name: stalled.poll() is None for name, (_, stalled) in runs.items()}
     finally:
