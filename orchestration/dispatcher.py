@@ -19,11 +19,17 @@ With ``differentiable=True`` the all-to-all is autograd-aware: its backward runs
 exchange, so gradients of encoder outputs travel back to the ranks that computed them.
 :meth:`Dispatcher.move` carries out one :class:`~orchestration.routing.Route` of a plan;
 :meth:`Dispatcher.gather_metadata` is the all-gather every plan starts from.
+
+Every collective lasts at most its group's timeout (``--distributed-timeout-minutes``, given to
+the group when it was created); one that fails or expires raises :class:`CollectiveError`,
+naming this rank, the collective and the group, instead of the backend's traceback. (On NCCL a
+collective returns once it is enqueued; NCCL's watchdog enforces the timeout.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -105,6 +111,23 @@ def inter_node_messages(counts: np.ndarray, gpus_per_node: int, node_wise: bool)
 # -------------------------------------------------------------------------------- collectives
 
 
+class CollectiveError(Exception):
+    """A collective of the dispatcher that failed or did not complete within its group's
+    timeout; the message names this rank, the collective and the group.
+
+    Attributes:
+        rank: this process's global rank.
+        collective: which collective (``all-to-all 'vision outputs backward'``).
+        group_ranks: the global ranks of the group.
+    """
+
+    def __init__(self, message: str, rank: int, collective: str, group_ranks: Sequence[int]):
+        super().__init__(message)
+        self.rank = rank
+        self.collective = collective
+        self.group_ranks = tuple(group_ranks)
+
+
 class Dispatcher:
     """Collectives of the balancer over one data-parallel process group."""
 
@@ -145,21 +168,26 @@ class Dispatcher:
         """Zero the byte counter."""
         self.bytes_moved = 0
 
-    def all_gather_arrays(self, local: np.ndarray) -> list[np.ndarray]:
+    def all_gather_arrays(
+        self, local: np.ndarray, what: str = "array all-gather"
+    ) -> list[np.ndarray]:
         """Every rank's 1-D int64 array (the encoded metadata), in group rank order.
 
-        Two collectives: the lengths, then the arrays padded to the longest.
+        Two collectives: the lengths, then the arrays padded to the longest. ``what`` names
+        them in a :class:`CollectiveError`.
         """
         local = np.ascontiguousarray(local, dtype=np.int64)
         device = self._device()
         size = torch.tensor([local.size], dtype=torch.int64, device=device)
         sizes = [torch.zeros_like(size) for _ in range(self.world)]
-        dist.all_gather(sizes, size, group=self.group)
+        with self._failing_as(f"{what} (sizes)"):
+            dist.all_gather(sizes, size, group=self.group)
         longest = max(int(x) for x in sizes)
         padded = torch.zeros(longest, dtype=torch.int64, device=device)
         padded[: local.size] = torch.from_numpy(local).to(device)
         out = [torch.zeros_like(padded) for _ in range(self.world)]
-        dist.all_gather(out, padded, group=self.group)
+        with self._failing_as(what):
+            dist.all_gather(out, padded, group=self.group)
         return [o[: int(n)].cpu().numpy() for o, n in zip(out, sizes)]
 
     def gather_metadata(self, local: Sequence[tuple[int, SampleMeta]]) -> GatheredMetadata:
@@ -170,14 +198,20 @@ class Dispatcher:
         """
         encoded = encode_rank_metadata(local)
         with self._timed("metadata-gather"):
-            flat = self.all_gather_arrays(encoded)
-            ids = self.all_gather_strings([meta.sample_id for _, meta in local])
+            flat = self.all_gather_arrays(encoded, "metadata all-gather")
+            ids = self.all_gather_strings(
+                [meta.sample_id for _, meta in local], "metadata all-gather (sample ids)"
+            )
         return GatheredMetadata.from_flat(flat, sample_ids=ids)
 
-    def all_gather_strings(self, local: Sequence[str]) -> list[str]:
-        """Every rank's strings (sample ids), concatenated in group rank order."""
+    def all_gather_strings(
+        self, local: Sequence[str], what: str = "string all-gather"
+    ) -> list[str]:
+        """Every rank's strings (sample ids), concatenated in group rank order; ``what`` names
+        the collective in a :class:`CollectiveError`."""
         gathered: list[Any] = [None] * self.world
-        dist.all_gather_object(gathered, list(local), group=self.group)
+        with self._failing_as(what):
+            dist.all_gather_object(gathered, list(local), group=self.group)
         return [s for part in gathered for s in part]
 
     def _device(self) -> torch.device:
@@ -200,7 +234,8 @@ class Dispatcher:
         gathered: list[Any] = [None] * dist.get_world_size(group)
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
         with self._timed("plan-digest", group=ranks):
-            dist.all_gather_object(gathered, digest, group=group)
+            with self._failing_as(f"{what} digest all-gather", ranks):
+                dist.all_gather_object(gathered, digest, group=group)
         check_digests(gathered, what)
 
     def move(self, route: Route, local_rows: torch.Tensor, local_sizes: np.ndarray,
@@ -239,7 +274,7 @@ class Dispatcher:
         if differentiable:
             return _AllToAll.apply(rows, self, counts, label)
         with self._timed("all-to-all", label):
-            return self._exchange(rows, counts)
+            return self._exchange(rows, counts, label)
 
     def _timed(self, name: str, detail: str | None = None, group: Sequence[int] | None = None):
         """A timer span of one collective of this group (nothing without timers)."""
@@ -247,8 +282,31 @@ class Dispatcher:
             return contextlib.nullcontext()
         return self.timers.span(name, 1, detail=detail, group=group or self.group_ranks)
 
-    def _exchange(self, rows: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
-        """The all-to-all itself: direct, or node-wise in three hops."""
+    @contextlib.contextmanager
+    def _failing_as(self, collective: str, group: Sequence[int] | None = None):
+        """Turn the backend's failure of the collective inside into a :class:`CollectiveError`
+        naming ``collective`` and its group (this dispatcher's, unless ``group`` says)."""
+        start = time.monotonic()
+        try:
+            yield
+        except RuntimeError as e:  # gloo raises RuntimeError, NCCL DistBackendError (a subclass)
+            ranks = tuple(group or self.group_ranks)
+            rank = dist.get_rank()
+            reason = (str(e).strip() or type(e).__name__).splitlines()[0]
+            raise CollectiveError(
+                f"rank {rank} gave up in the {collective} of group {list(ranks)} after "
+                f"{time.monotonic() - start:.1f} s: {reason}",
+                rank,
+                collective,
+                ranks,
+            ) from e
+
+    def _exchange(
+        self, rows: torch.Tensor, counts: np.ndarray, label: str | None = None
+    ) -> torch.Tensor:
+        """The all-to-all itself: direct, or node-wise in three hops; ``label`` names it in a
+        :class:`CollectiveError`."""
+        what = "all-to-all" if label is None else f"all-to-all '{label}'"
         if counts.shape != (self.world, self.world):
             raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
         if rows.shape[0] != counts[self.rank].sum():
@@ -261,7 +319,7 @@ class Dispatcher:
         if not self.node_wise:
             send_sizes = [int(c) for c in counts[self.rank]]
             recv_sizes = [int(c) for c in counts[:, self.rank]]
-            return self._all_to_all_single(rows, send_sizes, recv_sizes)
+            return self._all_to_all_single(rows, send_sizes, recv_sizes, what)
         held = {}  # (src, dst) -> the block of rows this rank holds now
         offset = 0
         for d in range(self.world):
@@ -269,14 +327,17 @@ class Dispatcher:
             if n:
                 held[(self.rank, d)] = rows[offset : offset + n]
                 offset += n
-        for hop in plan_hops(counts, self.gpus_per_node):
+        hops = plan_hops(counts, self.gpus_per_node)
+        for number, hop in enumerate(hops, 1):
             send_blocks = hop.blocks[self.rank]
             parts = [held[b] for p in range(self.world) for b in send_blocks[p]]
             send_sizes = [sum(int(counts[b]) for b in send_blocks[p]) for p in range(self.world)]
             recv_blocks = [hop.blocks[p][self.rank] for p in range(self.world)]
             recv_sizes = [sum(int(counts[b]) for b in recv_blocks[p]) for p in range(self.world)]
             send = torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
-            recv = self._all_to_all_single(send, send_sizes, recv_sizes)
+            recv = self._all_to_all_single(
+                send, send_sizes, recv_sizes, f"{what}, node-wise hop {number} of {len(hops)}"
+            )
             held = {}
             offset = 0
             for p in range(self.world):
@@ -288,17 +349,18 @@ class Dispatcher:
         return torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
 
     def _all_to_all_single(
-        self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]
+        self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int], what: str
     ) -> torch.Tensor:
-        """One variable-size all-to-all of rows over the group."""
+        """One variable-size all-to-all of rows over the group; ``what`` names it."""
         recv = send.new_empty((sum(recv_sizes), *send.shape[1:]))
-        dist.all_to_all_single(
-            recv,
-            send.contiguous(),
-            output_split_sizes=recv_sizes,
-            input_split_sizes=send_sizes,
-            group=self.group,
-        )
+        with self._failing_as(what):
+            dist.all_to_all_single(
+                recv,
+                send.contiguous(),
+                output_split_sizes=recv_sizes,
+                input_split_sizes=send_sizes,
+                group=self.group,
+            )
         return recv
 
 

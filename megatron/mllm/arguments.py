@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import math
 import os
 import sys
 import traceback
@@ -73,6 +74,17 @@ def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if cls is WorkloadConfig:
             for encoder in ENCODER_NAMES:
                 _EncoderGroupFactory(encoder).build_group(parser)
+    # Megatron's timeout is whole minutes; fractions (a compatible superset) let a short job or
+    # a test fail in seconds. It bounds every wait on another rank, OrchWeave's included.
+    timeout = parser._option_string_actions["--distributed-timeout-minutes"]
+    timeout.type = float
+    timeout.help = (
+        "Minutes (a number > 0; fractions allowed, 0.5 = 30 s) that any wait on another rank may "
+        "last: the pipeline runtime's sends and receives, the post-balancing collectives, "
+        "megatron-core's. On expiry the waiting rank stops with exit status 2 and one error line "
+        "naming itself, what it waited on and the peer or group (on NCCL, collectives that do "
+        "not block the host are ended by NCCL's watchdog instead)."
+    )
     # A few of megatron-core 0.19.2's help texts carry a bare '%' ("10%"), which makes argparse's
     # --help raise; escape those so that --help prints.
     for action in parser._actions:
@@ -192,6 +204,9 @@ def finish_arguments(args: argparse.Namespace) -> None:
             f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay iterations "
             f"(--lr-decay-iters, else --train-iters: {decay})"
         )
+    minutes = args.distributed_timeout_minutes
+    if not 0 < minutes < math.inf:
+        raise ConfigError(f"--distributed-timeout-minutes must be a number > 0, got {minutes}")
     if args.workload_seed is None:
         args.workload_seed = args.seed
     if args.workload_token_scale <= 0:

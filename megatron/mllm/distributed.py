@@ -6,7 +6,8 @@ Everything else that communicates does so through a component that owns its coll
 balancer's :class:`~orchestration.dispatcher.Dispatcher`, the pipeline runtime's
 :class:`~pipeweaver.runtime.p2p.PipelineP2P`, and megatron-core (DDP, optimizer, schedules).
 The helpers below are the trainer's own: summing the loss over DP, summing a count over a
-group, and the barrier around checkpoint files.
+group, the barrier around checkpoint files, and the one-line report of a backend failure that
+reaches the trainer's top level from code that does not report its own (megatron-core's).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import timedelta
+import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,13 @@ import torch.distributed as dist
 from megatron.mllm import cpu_shim, logs
 
 logger = logging.getLogger(__name__)
+
+_GLOO_FAILURE_MARKS = ("/gloo/transport/", "caused pair closure")
+"""How gloo's failures read: gloo raises bare RuntimeErrors, their message led by the transport's
+source file (a timeout, a connection closed by the peer) or, for every later transfer over a
+pair that timed out, "Application timeout caused pair closure"."""
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 def initialize_distributed(run) -> torch.device:
@@ -39,11 +48,10 @@ def initialize_distributed(run) -> torch.device:
             logger.debug("no CUDA device: using the gloo backend instead of %s", backend)
         backend = "gloo"
         device = torch.device("cpu")
-    timeout = run.distributed.distributed_timeout_minutes
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
-            timeout=timedelta(minutes=timeout),
+            timeout=run.distributed_timeout,
             world_size=run.parallel.world_size,
             rank=int(os.getenv("RANK", "0")),
         )
@@ -55,7 +63,7 @@ def initialize_distributed(run) -> torch.device:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=run.parallel.tensor,
         pipeline_model_parallel_size=run.parallel.pipeline,
-        distributed_timeout_minutes=timeout,
+        distributed_timeout_minutes=run.distributed.distributed_timeout_minutes,
     )
     cpu_shim.model_parallel_manual_seed(run.seed)
     torch.manual_seed(run.seed)
@@ -151,6 +159,42 @@ def global_rank() -> int:
 def world_size() -> int:
     """Processes in the world."""
     return dist.get_world_size()
+
+
+def communication_failure(error: BaseException) -> str | None:
+    """One line for a torch.distributed failure or timeout that reached the trainer's top level
+    from code that does not name its own (megatron-core's schedules, DDP and optimizer, the
+    trainer's collectives); None for any other error.
+
+    NCCL's failures are ``torch.distributed.DistError``; gloo's are RuntimeErrors that read as
+    :data:`_GLOO_FAILURE_MARKS` say. The line names this rank and the innermost caller of
+    torch.distributed (``megatron/core/pipeline_parallel/p2p_communication.py:413
+    _communicate``).
+    """
+    message = str(error).strip()
+    gloo = isinstance(error, RuntimeError) and any(m in message for m in _GLOO_FAILURE_MARKS)
+    if not (isinstance(error, dist.DistError) or gloo):
+        return None
+    rank = dist.get_rank() if dist.is_initialized() else int(os.getenv("RANK", "0"))
+    reason = (message or type(error).__name__).splitlines()[0]
+    return f"rank {rank}: torch.distributed gave up in {_caller(error)}: {reason}"
+
+
+def _caller(error: BaseException) -> str:
+    """The innermost frame of ``error``'s traceback outside torch, as ``path:line function``
+    (the path within site-packages or this repository)."""
+    torch_dir = Path(torch.__file__).resolve().parent
+    frames = traceback.extract_tb(error.__traceback__)
+    outside = [f for f in frames if not Path(f.filename).resolve().is_relative_to(torch_dir)]
+    if not outside:
+        return "torch.distributed"
+    frame = outside[-1]
+    path = Path(frame.filename).resolve()
+    if "site-packages" in path.parts:
+        path = Path(*path.parts[path.parts.index("site-packages") + 1 :])
+    elif path.is_relative_to(_REPO):
+        path = path.relative_to(_REPO)
+    return f"{path}:{frame.lineno} {frame.name}"
 
 
 def shutdown() -> None:

@@ -16,6 +16,7 @@ This module is pure Python; parsing and validation are in :mod:`megatron.mllm.ar
 # No ``from __future__ import annotations``: ArgumentGroupFactory reads the field types.
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal, Mapping
 
 from orchestration.workload import PHASES
@@ -318,6 +319,11 @@ class RunConfig:
     def uses_runtime(self) -> bool:
         """Whether OrchWeave's pipeline runtime runs the step (a runtime schedule, PP > 1)."""
         return self.pipeline.uses_runtime and self.parallel.pipeline > 1
+
+    @property
+    def distributed_timeout(self) -> timedelta:
+        """How long any wait on another rank may last (``--distributed-timeout-minutes``)."""
+        return timedelta(minutes=self.distributed.distributed_timeout_minutes)
 
     @property
     def packing_limit(self) -> int:

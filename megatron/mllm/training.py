@@ -53,10 +53,11 @@ from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import StepTimers  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
-from orchestration.dispatcher import Dispatcher  # noqa: E402
+from orchestration.dispatcher import CollectiveError, Dispatcher  # noqa: E402
 from orchestration.metadata import PlanError  # noqa: E402
 from orchestration.workload import WorkloadError  # noqa: E402
 from orchestration.workload_spec import SampleStream  # noqa: E402
+from pipeweaver.runtime.p2p import TransferError  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -428,8 +429,18 @@ def main(argv: list[str] | None = None) -> int:
         checkpointing.CheckpointError,
         PlanError,
         InfeasibleCapError,
+        TransferError,
+        CollectiveError,
     ) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except RuntimeError as e:
+        # A peer that stopped answering, seen by megatron-core's or the trainer's own
+        # collectives: one line naming this rank and where it waited, like the errors above.
+        failure = distributed.communication_failure(e)
+        if failure is None:
+            raise
+        print(f"error: {failure}", file=sys.stderr, flush=True)
         return 2
     finally:
         distributed.shutdown()

@@ -18,7 +18,9 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 * a backward takes its output gradient (local or received), runs the chunk's backward and
   routes the input gradients to the producers, part by part for LLM chunk 0;
 * sends are ``isend`` and never block; the matching ``irecv`` are posted ahead (no later than
-  the rank's preceding send) and waited at the receive action;
+  the rank's preceding send) and waited at the receive action, sends at the end of the step;
+  every wait lasts at most the p2p's timeout and then raises
+  :class:`~pipeweaver.runtime.p2p.TransferError` naming the action and the peer;
 * tensor shapes come from the microbatch metadata (no shape handshake), buffers live on the
   device of this rank's model.
 
@@ -229,7 +231,7 @@ class _Step:
         self.outbox: dict[Edge, torch.Tensor] = {}  # tensors waiting for their send action
         self.inbox: dict[Edge, tuple[torch.Tensor, Any]] = {}  # posted receives
         self.received: dict[Edge, torch.Tensor] = {}
-        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sends: list[tuple[Comm, Any, torch.Tensor]] = []  # (action, work, tensor kept alive)
         self.posted = 0
         self.tokens = torch.zeros([], dtype=torch.int, device=runtime.device)
         self.spans = _spans(config)
@@ -255,8 +257,8 @@ class _Step:
                 with spans("backward-compute", 2, str(action)):
                     self._backward(action)
         with spans("send-drain", 2):
-            for work, _ in self.sends:
-                work.wait()
+            for comm, work, _ in self.sends:
+                self.rt.p2p.wait(work, str(comm), comm.peer)
         return self.tokens
 
     # ---------------------------------------------------------------------- communication
@@ -293,11 +295,11 @@ class _Step:
 
     def _send(self, comm: Comm) -> None:
         tensor = self.outbox.pop(comm.edge).contiguous()
-        self.sends.append((self.rt.p2p.isend(tensor, comm.peer), tensor))
+        self.sends.append((comm, self.rt.p2p.isend(tensor, comm.peer), tensor))
 
     def _wait(self, comm: Comm) -> None:
         buf, work = self.inbox.pop(comm.edge)
-        work.wait()
+        self.rt.p2p.wait(work, str(comm), comm.peer)
         self.received[comm.edge] = buf
 
     def _take(self, edge: Edge, activation: bool) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 
@@ -131,3 +132,16 @@ def test_the_typed_run_config_carries_every_flag():
 def test_bad_flags_are_config_errors_not_tracebacks(flags, message):
     with pytest.raises(ConfigError, match=message):
         parse_arguments([*BASE, *flags], 2)
+
+
+def test_the_distributed_timeout_takes_fractions_of_a_minute_and_must_be_positive():
+    # Megatron's flag is whole minutes; fractions let tests and short jobs fail within seconds.
+    run = RunConfig.from_args(parse_arguments([*BASE, "--distributed-timeout-minutes", "0.15"], 1))
+    assert run.distributed_timeout == timedelta(seconds=9)
+    default = RunConfig.from_args(parse_arguments(BASE, 1)).distributed_timeout
+    assert default == timedelta(minutes=10)  # Megatron's
+    for bad in ("0", "-0.5", "nan"):
+        with pytest.raises(
+            ConfigError, match=r"--distributed-timeout-minutes must be a number > 0"
+        ):
+            parse_arguments([*BASE, "--distributed-timeout-minutes", bad], 1)

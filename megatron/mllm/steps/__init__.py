@@ -111,7 +111,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     runtime = PipelineRuntime(
         model.placement,
         model.chunk_module,
-        PipelineP2P(pg_collection.pp),
+        PipelineP2P(pg_collection.pp, run.distributed_timeout),
         schedule_function(name, mllm.shape(), memory),
         device,
         config.pipeline_dtype or config.params_dtype,
