@@ -359,8 +359,8 @@ def find_checkpoint(root: str, ckpt_step: int | None = None) -> Checkpoint | Non
     manifest_path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(manifest_path):
         raise CheckpointError(
-            f"{directory} is incomplete: it has no {MANIFEST}, so its save did not finish "
-            f"({_inventory(root)}; choose one with --ckpt-step)"
+            f"{directory} is incomplete: it has no {MANIFEST}, so its save did not finish or "
+            f"predates manifests ({_inventory(root)}; choose one with --ckpt-step)"
         )
     try:
         with open(manifest_path, encoding="utf-8") as f:

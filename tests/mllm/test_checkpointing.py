@@ -185,7 +185,8 @@ def test_a_save_killed_between_files_leaves_the_previous_checkpoint(runs, loads)
     assert rc == "2"
     assert _error_line(stderr) == (
         f"error: {crash}/iter_0000002 is incomplete: it has no manifest.json, so its save did "
-        "not finish (complete iterations: 1; incomplete: 2; choose one with --ckpt-step)"
+        "not finish or predates manifests (complete iterations: 1; incomplete: 2; choose one "
+        "with --ckpt-step)"
     )
 
 
