@@ -218,18 +218,13 @@ class Trainer:
             run.seq_length, with_features=self.model.holds_encoder_inputs, timers=self.timers,
         )  # fmt: skip
         self.iteration = 0
+        self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)
         if run.checkpoint.load:
+            c = run.checkpoint
             self.iteration = checkpointing.load_checkpoint(
-                run.checkpoint.load,
-                self.ddp_model,
-                self.optimizer,
-                self.scheduler,
-                self.layout,
-                self.tp_rank,
-                self.pp_rank,
-                load_optim=run.checkpoint.load_optim,
-                load_rng=run.checkpoint.load_rng,
-            )
+                c.load, self.ddp_model, self.optimizer, self.scheduler, self.layout, self.ranks,
+                ckpt_step=c.ckpt_step, load_optim=c.load_optim, load_rng=c.load_rng,
+            )  # fmt: skip
 
     @property
     def layout(self) -> dict[str, Any]:
@@ -372,13 +367,13 @@ class Trainer:
     def save(self) -> None:
         """Save a checkpoint of the current iteration under ``--save``."""
         root = self.run.checkpoint.save
-        path = checkpointing.save_checkpoint(
+        directory = checkpointing.save_checkpoint(
             root, self.iteration, self.ddp_model, self.optimizer, self.scheduler, self.layout,
-            self.dp_rank, self.tp_rank, self.pp_rank,
+            self.ranks,
         )  # fmt: skip
         if distributed.global_rank() == 0:
             print(f" saved checkpoint at iteration {self.iteration:7d} to {root}", flush=True)
-        logger.debug("rank %d wrote %s", distributed.global_rank(), path)
+        logger.debug("rank %d wrote its files of %s", distributed.global_rank(), directory)
 
     def _print_setup(self) -> None:
         run = self.run
