@@ -35,6 +35,7 @@ from orchestration.balance import (
     DEFAULT_BUDGET,
     TIE_SLACK,
     BalanceResult,
+    InfeasibleCapError,
     WorkBudget,
     balance,
     balance_padded,
@@ -42,7 +43,13 @@ from orchestration.balance import (
 )
 from orchestration.cost_model import CostModel, PhaseCostModel
 from orchestration.locality import map_bins_to_ranks
-from orchestration.metadata import GatheredMetadata, PhaseItems, PlanError, as_metadata, phase_items
+from orchestration.metadata import (
+    GatheredMetadata,
+    PhaseItems,
+    PlanError,
+    as_metadata,
+    phase_items,
+)
 from orchestration.routing import Route, dst_positions, exclusive_cumsum, row_index
 from orchestration.workload import PHASES, SampleMeta
 
@@ -192,7 +199,7 @@ def plan_iteration(
             ``orchestration.balance.balance``).
 
     Raises:
-        InfeasibleCapError: a cap cannot be met (names the sample).
+        InfeasibleCapError: a cap cannot be met (names the sample; its ``phase`` is set).
         PlanError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
@@ -213,8 +220,8 @@ def plan_iteration(
                 )
             continue
         alg = algorithm if phase in chosen else "none"
-        plans.append(
-            _plan_phase(
+        try:
+            plan = _plan_phase(
                 md,
                 items,
                 cost_model[phase],
@@ -225,7 +232,10 @@ def plan_iteration(
                 budget,
                 slack,
             )
-        )
+        except InfeasibleCapError as e:
+            e.phase = phase
+            raise
+        plans.append(plan)
     llm = next((p for p in plans if p.phase == "llm"), None)
     if llm is None:
         raise PlanError(

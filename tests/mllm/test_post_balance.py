@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -47,14 +48,27 @@ def test_ranks_that_load_different_metadata_fail_with_a_digest_error():
         assert "error: balance plan digest differs across ranks [1] vs rank 0" in err, err[-3000:]
 
 
-def test_an_item_larger_than_its_cap_names_the_sample(tmp_path):
+@pytest.mark.parametrize(
+    "pp,culprit",
+    [
+        # Per phase (PP = 1): the unit is the vision phase's item.
+        (1, r"vision unit 0 of sample 'img-e' \(DP rank 0, position 2, stream index 4\) has size "
+            r"64, more than the per-bin cap 50"),
+        # Whole samples (PP = 2, one DP group): the sample with the most vision tokens.
+        (2, r"sample 'img-b' \(DP rank 0, position 1, stream index 1\) has vision tokens 90, "
+            r"more than the per-bin cap 50"),
+    ],
+)  # fmt: skip
+def test_an_item_larger_than_its_cap_stops_every_rank_naming_flag_and_sizes(tmp_path, pp, culprit):
     proc = torchrun(
         2,
         REPO / "scripts" / "pretrain_mllm.py",
         [*TINY, *variable_workload(tmp_path), "--post-balance", "auto",
-         "--post-balance-token-caps", "vision=50"],  # fmt: skip
+         "--pipeline-model-parallel-size", str(pp), "--post-balance-token-caps", "vision=50"],  # fmt: skip
         timeout=180,
     )
     assert proc.returncode != 0
-    assert "img-e" in proc.stderr and "50" in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.count("error:") == 2, "both ranks must stop with the error"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and errors[0] == errors[1], "both ranks must stop with the error"
+    assert errors[0].startswith("error: --post-balance-token-caps vision=50: "), errors[0]
+    assert re.search(culprit, errors[0]), errors[0]
