@@ -48,6 +48,7 @@ from orchestration.metadata import (
     PhaseItems,
     PlanError,
     as_metadata,
+    check_encoders,
     phase_items,
 )
 from orchestration.routing import Route, dst_positions, exclusive_cumsum, row_index
@@ -200,7 +201,8 @@ def plan_iteration(
 
     Raises:
         InfeasibleCapError: a cap cannot be met (names the sample; its ``phase`` is set).
-        PlanError: the data has items of a phase the model lacks.
+        PlanError: a phase to balance that the model lacks.
+        WorkloadError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
     R = md.num_ranks
@@ -210,14 +212,11 @@ def plan_iteration(
         raise PlanError(
             f"cannot balance phases {sorted(unknown)}: the model has {list(cost_model.phase_order)}"
         )
+    check_encoders(md, cost_model.phase_order)
     plans = []
     for phase in PHASES:
         items = phase_items(md, phase)
         if phase not in cost_model:
-            if items.size:
-                raise PlanError(
-                    f"the data has {items.size} {phase} units but the model has no {phase} encoder"
-                )
             continue
         alg = algorithm if phase in chosen else "none"
         try:

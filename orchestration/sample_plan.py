@@ -49,6 +49,7 @@ from orchestration.metadata import (
     PhaseItems,
     PlanError,
     as_metadata,
+    check_encoders,
     phase_items,
     sample_encoder_tokens,
 )
@@ -141,11 +142,13 @@ def plan_whole_samples(
     Raises:
         InfeasibleCapError: the caps cannot be met; its ``phase`` is the phase at fault.
         PlanError: mixed cost units, or a bad ``stage_shares``.
+        WorkloadError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
     G = md.num_ranks
     if cost_model.unit == "mixed":
         raise PlanError("whole-sample mode adds the phases' costs: calibrate all phases or none")
+    check_encoders(md, cost_model.phase_order)
     items = phase_items(md, "llm")
     per_phase = sample_phase_costs(md, cost_model)
     total = np.sum([per_phase[p] for p in per_phase], axis=0) if per_phase else np.zeros(items.size)

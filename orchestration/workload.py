@@ -182,6 +182,16 @@ class SampleMeta:
         return cls(sid, text, component=None if component is None else str(component), **items)
 
 
+def missing_encoder_error(sample: str, modality: str) -> WorkloadError:
+    """The error for data the model cannot read: ``sample`` (its name in errors) has items of
+    ``modality`` and the model has no encoder for them."""
+    enc = ENCODER_OF_MODALITY[modality]
+    return WorkloadError(
+        f"{sample} has {modality} items but the model has no {enc} encoder "
+        f"(--{enc}-num-layers is 0)"
+    )
+
+
 def positive_count(value: Any, where: str) -> int:
     """``value`` as a positive int of a JSON document, or a :class:`WorkloadError` at ``where``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

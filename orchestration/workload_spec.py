@@ -118,6 +118,13 @@ class WorkloadSpec:
         )
 
     @property
+    def modalities(self) -> tuple[str, ...]:
+        """The modalities whose items some component of positive weight may draw."""
+        return tuple(
+            m for m in MODALITIES if any(m in c and c["weight"] > 0 for c in self.components)
+        )
+
+    @property
     def weights(self) -> np.ndarray:
         """Normalised component weights."""
         w = np.array([c["weight"] for c in self.components], dtype=np.float64)

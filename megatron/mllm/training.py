@@ -42,6 +42,7 @@ from megatron.mllm.data import (  # noqa: E402
     GlobalBatch,
     SequenceTooLongError,
     SyntheticTask,
+    check_stream_encoders,
 )
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
@@ -59,6 +60,11 @@ from orchestration.workload import WorkloadError  # noqa: E402
 from orchestration.workload_spec import SampleStream  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+STREAM_CHECK_SAMPLES = 10_000
+"""The most samples of the workload checked against the model's encoders before the process
+groups start (a spec is looked at only if it can draw a modality the model cannot read, and
+the scan stops at the first such sample); the loader checks every batch it loads."""
 
 
 @dataclasses.dataclass
@@ -140,6 +146,8 @@ class Trainer:
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.
         stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
+        trained = run.training.train_iters * run.global_batch_size
+        check_stream_encoders(stream, tuple(run.encoders), min(trained, STREAM_CHECK_SAMPLES))
         self.device = distributed.initialize_distributed(run)
         self.pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -214,7 +222,8 @@ class Trainer:
         )
         self.loader = BatchLoader(
             stream, task, dispatcher, run.micro_batch_size, run.num_microbatches,
-            run.seq_length, with_features=self.model.holds_encoder_inputs, timers=self.timers,
+            run.seq_length, with_features=self.model.holds_encoder_inputs,
+            encoders=tuple(self.mllm.encoders), timers=self.timers,
         )  # fmt: skip
         self.iteration = 0
         if run.checkpoint.load:

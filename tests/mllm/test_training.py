@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,12 +139,19 @@ def test_sample_longer_than_seq_length_fails_every_rank_with_its_name():
     assert f"more than --seq-length {limit}" in proc.stderr
 
 
-def test_missing_workload_file_is_a_clear_error(tmp_path):
+def test_an_error_found_before_the_process_groups_stops_every_rank_at_once():
+    # Every rank reads the workload before distributed init and finds the same first sample;
+    # test_arguments.py runs the other such checks in process.
     proc = torchrun(
-        1,
-        REPO / "scripts" / "pretrain_mllm.py",
-        [*TINY, "--workload", str(tmp_path / "nope.json")],
-        timeout=180,
+        2, REPO / "scripts" / "pretrain_mllm.py", [*TINY, "--vision-num-layers", "0"], timeout=180
     )
     assert proc.returncode != 0
-    assert f"error: workload spec not found: {tmp_path / 'nope.json'}" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: sample 'omni-three-modality-1234-\d+' \(stream index \d+\) has image items but "
+        r"the model has no vision encoder \(--vision-num-layers is 0\)",
+        errors[0],
+    ), errors[0]
+    # The one traceback there may be is torchrun's own, reporting that its children failed.
+    assert proc.stderr.count("Traceback") <= proc.stderr.count("ChildFailedError:"), proc.stderr

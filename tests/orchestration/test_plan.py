@@ -35,7 +35,7 @@ from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.phase_plan import plan_iteration
 from orchestration.routing import Route, row_index
 from orchestration.sample_plan import plan_whole_samples
-from orchestration.workload import Item, SampleMeta
+from orchestration.workload import Item, SampleMeta, WorkloadError
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -281,8 +281,10 @@ def test_cap_too_small_names_the_sample():
 
 def test_data_with_a_phase_the_model_lacks_is_a_clear_error():
     text_only = CostModel.build(ModelShape(llm=_shape().llm))
-    with pytest.raises(PlanError, match="no vision encoder"):
+    with pytest.raises(WorkloadError, match=r"has (image|audio) items but the model has no"):
         plan_iteration(_generated(2, 4), text_only)
+    with pytest.raises(WorkloadError, match=r"'omni-three-modality-0-0' \(DP rank 0, .*-num-layers"):
+        plan_whole_samples(_generated(2, 4), text_only)
 
 
 def test_padded_phase_uses_the_exact_padded_algorithm():
