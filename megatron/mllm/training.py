@@ -35,7 +35,11 @@ from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.mllm import checkpointing, distributed, logs  # noqa: E402
-from megatron.mllm.arguments import ConfigError, parse_arguments  # noqa: E402
+from megatron.mllm.arguments import (  # noqa: E402
+    ConfigError,
+    check_tensor_parallel,
+    parse_arguments,
+)
 from megatron.mllm.config import mllm_config  # noqa: E402
 from megatron.mllm.data import (  # noqa: E402
     BatchLoader,
@@ -142,6 +146,7 @@ class Trainer:
     def __init__(self, run: RunConfig):
         if run.training.train_iters is None:
             raise ConfigError("--train-iters is required to train")
+        check_tensor_parallel(run.args)
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.

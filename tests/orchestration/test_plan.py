@@ -283,7 +283,9 @@ def test_data_with_a_phase_the_model_lacks_is_a_clear_error():
     text_only = CostModel.build(ModelShape(llm=_shape().llm))
     with pytest.raises(WorkloadError, match=r"has (image|audio) items but the model has no"):
         plan_iteration(_generated(2, 4), text_only)
-    with pytest.raises(WorkloadError, match=r"'omni-three-modality-0-0' \(DP rank 0, .*-num-layers"):
+    with pytest.raises(
+        WorkloadError, match=r"'omni-three-modality-0-0' \(DP rank 0, .*-num-layers"
+    ):
         plan_whole_samples(_generated(2, 4), text_only)
 
 
