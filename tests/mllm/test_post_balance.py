@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from equivalence import TINY, assert_equivalent, variable_workload
-from launch import REPO, free_port, torchrun
+from launch import REPO, free_port, ranks
 
 pytestmark = pytest.mark.multiproc
 
@@ -60,15 +60,21 @@ def test_ranks_that_load_different_metadata_fail_with_a_digest_error():
     ],
 )  # fmt: skip
 def test_an_item_larger_than_its_cap_stops_every_rank_naming_flag_and_sizes(tmp_path, pp, culprit):
-    proc = torchrun(
+    # Each rank on its own (not torchrun, which kills the others once one fails): every rank
+    # must print the line itself.
+    procs = ranks(
         2,
         REPO / "scripts" / "pretrain_mllm.py",
         [*TINY, *variable_workload(tmp_path), "--post-balance", "auto",
          "--pipeline-model-parallel-size", str(pp), "--post-balance-token-caps", "vision=50"],  # fmt: skip
         timeout=180,
     )
-    assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and errors[0] == errors[1], "both ranks must stop with the error"
-    assert errors[0].startswith("error: --post-balance-token-caps vision=50: "), errors[0]
-    assert re.search(culprit, errors[0]), errors[0]
+    lines = []
+    for proc in procs:
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, proc.stderr[-3000:]
+        lines.append(errors[0])
+    assert lines[0] == lines[1]
+    assert lines[0].startswith("error: --post-balance-token-caps vision=50: "), lines[0]
+    assert re.search(culprit, lines[0]), lines[0]
