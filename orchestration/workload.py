@@ -143,6 +143,14 @@ class SampleMeta:
         """Encoder tokens of every unit this sample gives to ``encoder``."""
         return [u for item in self.encoder_items(encoder) for u in item.units]
 
+    def unencoded(self, encoders: Iterable[str]) -> str | None:
+        """The first modality of this sample whose items no encoder in ``encoders`` reads."""
+        present = set(encoders)
+        return next(
+            (m for m in MODALITIES if self.items(m) and ENCODER_OF_MODALITY[m] not in present),
+            None,
+        )
+
     @property
     def modalities(self) -> tuple[str, ...]:
         """The modalities present, text last when the sample has any text."""

@@ -98,6 +98,9 @@ BAD_INPUT = [
     ("semu", ["--model", "cpu-main", "--cluster", "{bad}"], r"bad.json: malformed JSON"),
     ("semu", [*SEMU, "--workload", "{huge_text}", "--token-scale", "1"],
      r"huge_text.jsonl:2 \(sample 'big'\)"),
+    ("semu", [*SEMU, "--set", "vision-num-layers=0"],
+     r"sample 'omni-three-modality-1234-\d+' \(stream index \d+\) has image items but the "
+     r"model has no vision encoder \(--vision-num-layers is 0\)"),
     ("semu", [*SEMU, "--token-scale", "inf"], r"argument --token-scale"),
     ("semu", [*SEMU, "--token-scale", "1e300"], r"max_sequence_tokens"),
     ("semu", [*SEMU, "--replicas", "0"], r"argument --replicas: expected a positive integer"),

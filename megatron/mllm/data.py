@@ -260,9 +260,9 @@ def check_stream_encoders(stream: SampleStream, encoders: Sequence[str], count: 
         return
     for k in range(count):
         meta = stream.meta(k)
-        for m in unread:
-            if meta.items(m):
-                raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", m)
+        modality = meta.unencoded(encoders)
+        if modality is not None:
+            raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
 
 
 def check_fits(metadata: GatheredMetadata, seq_length: int) -> None:
