@@ -146,10 +146,8 @@ class SampleMeta:
     def unencoded(self, encoders: Iterable[str]) -> str | None:
         """The first modality of this sample whose items no encoder in ``encoders`` reads."""
         present = set(encoders)
-        return next(
-            (m for m in MODALITIES if self.items(m) and ENCODER_OF_MODALITY[m] not in present),
-            None,
-        )
+        unread = (m for m in MODALITIES if ENCODER_OF_MODALITY[m] not in present)
+        return next((m for m in unread if self.items(m)), None)
 
     @property
     def modalities(self) -> tuple[str, ...]:

@@ -132,8 +132,8 @@ def vector_lpt(
     bin's load is the per-component sum of its items, and its bottleneck the largest component.
     Items go by decreasing total cost (ties by index), each to the bin whose bottleneck after
     taking it is smallest (ties to the lowest bin), among the bins where it fits under ``cap``.
-    The whole-sample planner (``orchestration.sample_plan.plan_whole_samples`` with ``stage_shares``)
-    runs it; with ``S = 1`` it is plain sequential LPT.
+    The whole-sample planner (``orchestration.sample_plan.plan_whole_samples`` with
+    ``stage_shares``) runs it; with ``S = 1`` it is plain sequential LPT.
 
     Unlike :func:`orchestration.balance.balance`, the costs are not quantised: the loads are
     float64 sums, formed item by item in the same order on every rank.

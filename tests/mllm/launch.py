@@ -50,9 +50,11 @@ def ranks(nproc: int, script: str | Path, args: list[str], timeout: float = 240)
     for rank in range(nproc):
         env = _env()
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, str(script), *args]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
     out = []
     try:
         for rank, proc in enumerate(procs):

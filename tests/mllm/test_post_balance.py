@@ -66,7 +66,8 @@ def test_an_item_larger_than_its_cap_stops_every_rank_naming_flag_and_sizes(tmp_
         2,
         REPO / "scripts" / "pretrain_mllm.py",
         [*TINY, *variable_workload(tmp_path), "--post-balance", "auto",
-         "--pipeline-model-parallel-size", str(pp), "--post-balance-token-caps", "vision=50"],  # fmt: skip
+         "--pipeline-model-parallel-size", str(pp),
+         "--post-balance-token-caps", "vision=50"],  # fmt: skip
         timeout=180,
     )
     lines = []
