@@ -25,7 +25,14 @@ from typing import Sequence
 import numpy as np
 
 from orchestration.cost_model import unit_output_tokens
-from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, PHASES, Item, SampleMeta
+from orchestration.workload import (
+    ENCODER_OF_MODALITY,
+    MODALITIES,
+    PHASES,
+    Item,
+    SampleMeta,
+    missing_encoder_error,
+)
 
 METADATA_VERSION = 1
 """First int of every encoded rank's metadata; bump when the layout changes."""
@@ -354,6 +361,22 @@ def phase_items(metadata: GatheredMetadata, phase: str) -> PhaseItems:
     src_pos = np.arange(n) - _run_starts(owner)
     unit_in_sample = np.arange(n) - _run_starts(sample)
     return PhaseItems(phase, owner, src_pos, sample, tokens, out, unit_in_sample)
+
+
+def check_encoders(metadata: GatheredMetadata, encoders: Sequence[str]) -> None:
+    """Every item can be encoded: raise naming the first sample (canonical order) with items
+    for an encoder not in ``encoders``.
+
+    Raises:
+        WorkloadError: from :func:`orchestration.workload.missing_encoder_error`.
+    """
+    md = metadata
+    readable = np.array([ENCODER_OF_MODALITY[m] in encoders for m in MODALITIES])
+    bad = np.flatnonzero(~readable[md.item_modality])
+    if bad.size:
+        i = int(bad[0])
+        modality = MODALITIES[int(md.item_modality[i])]
+        raise missing_encoder_error(md.sample_label(int(md.item_sample[i])), modality)
 
 
 def sample_encoder_tokens(metadata: GatheredMetadata, encoder: str) -> np.ndarray:

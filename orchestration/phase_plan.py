@@ -35,6 +35,7 @@ from orchestration.balance import (
     DEFAULT_BUDGET,
     TIE_SLACK,
     BalanceResult,
+    InfeasibleCapError,
     WorkBudget,
     balance,
     balance_padded,
@@ -42,7 +43,14 @@ from orchestration.balance import (
 )
 from orchestration.cost_model import CostModel, PhaseCostModel
 from orchestration.locality import map_bins_to_ranks
-from orchestration.metadata import GatheredMetadata, PhaseItems, PlanError, as_metadata, phase_items
+from orchestration.metadata import (
+    GatheredMetadata,
+    PhaseItems,
+    PlanError,
+    as_metadata,
+    check_encoders,
+    phase_items,
+)
 from orchestration.routing import Route, dst_positions, exclusive_cumsum, row_index
 from orchestration.workload import PHASES, SampleMeta
 
@@ -192,8 +200,9 @@ def plan_iteration(
             ``orchestration.balance.balance``).
 
     Raises:
-        InfeasibleCapError: a cap cannot be met (names the sample).
-        PlanError: the data has items of a phase the model lacks.
+        InfeasibleCapError: a cap cannot be met (names the sample; its ``phase`` is set).
+        PlanError: a phase to balance that the model lacks.
+        WorkloadError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
     R = md.num_ranks
@@ -203,18 +212,15 @@ def plan_iteration(
         raise PlanError(
             f"cannot balance phases {sorted(unknown)}: the model has {list(cost_model.phase_order)}"
         )
+    check_encoders(md, cost_model.phase_order)
     plans = []
     for phase in PHASES:
         items = phase_items(md, phase)
         if phase not in cost_model:
-            if items.size:
-                raise PlanError(
-                    f"the data has {items.size} {phase} units but the model has no {phase} encoder"
-                )
             continue
         alg = algorithm if phase in chosen else "none"
-        plans.append(
-            _plan_phase(
+        try:
+            plan = _plan_phase(
                 md,
                 items,
                 cost_model[phase],
@@ -225,7 +231,10 @@ def plan_iteration(
                 budget,
                 slack,
             )
-        )
+        except InfeasibleCapError as e:
+            e.phase = phase
+            raise
+        plans.append(plan)
     llm = next((p for p in plans if p.phase == "llm"), None)
     if llm is None:
         raise PlanError(

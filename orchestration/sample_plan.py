@@ -34,13 +34,28 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from orchestration.balance import DEFAULT_BUDGET, TIE_SLACK, WorkBudget, balance, vector_lpt
+from orchestration.balance import (
+    DEFAULT_BUDGET,
+    TIE_SLACK,
+    InfeasibleCapError,
+    WorkBudget,
+    balance,
+    vector_lpt,
+)
 from orchestration.cost_model import CostModel
 from orchestration.locality import map_bins_to_ranks
-from orchestration.metadata import GatheredMetadata, PhaseItems, PlanError, as_metadata, phase_items
+from orchestration.metadata import (
+    GatheredMetadata,
+    PhaseItems,
+    PlanError,
+    as_metadata,
+    check_encoders,
+    phase_items,
+    sample_encoder_tokens,
+)
 from orchestration.phase_plan import PLAN_VERSION, PlannedLoads, hash_route, item_labeler
 from orchestration.routing import Route, dst_positions
-from orchestration.workload import SampleMeta
+from orchestration.workload import PHASES, SampleMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +115,7 @@ def plan_whole_samples(
     *,
     algorithm: str = "auto",
     stage_shares: Mapping[str, Sequence[float]] | None = None,
-    cap: int | None = None,
+    caps: Mapping[str, int] | None = None,
     groups_per_node: int = 1,
     bytes_per_token: float = 1.0,
     budget: WorkBudget = DEFAULT_BUDGET,
@@ -116,59 +131,91 @@ def plan_whole_samples(
         stage_shares: per phase, the fraction of its cost on each pipeline stage (static
             layouts); None when every stage gets an equal share of every phase (PipeWeaver's
             chunked layout), which makes the objective the group's summed cost.
-        cap: largest summed LLM tokens of a group's batch.
+        caps: per phase, the largest summed tokens of a group's batch in that phase (its
+            samples' encoder tokens of an encoder, their LLM tokens for ``llm``), as
+            ``--post-balance-token-caps`` gives them; every phase's cap holds at once.
         groups_per_node: DP groups per node (usually 1 or fewer with PP x TP >= 8: pass 1).
         bytes_per_token: payload bytes per LLM token, to weigh locality.
         budget: deterministic work limits.
         slack: relative max-load slack traded for fewer moved samples.
+
+    Raises:
+        InfeasibleCapError: the caps cannot be met; its ``phase`` is the phase at fault.
+        PlanError: mixed cost units, or a bad ``stage_shares``.
+        WorkloadError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
     G = md.num_ranks
     if cost_model.unit == "mixed":
         raise PlanError("whole-sample mode adds the phases' costs: calibrate all phases or none")
+    check_encoders(md, cost_model.phase_order)
     items = phase_items(md, "llm")
     per_phase = sample_phase_costs(md, cost_model)
     total = np.sum([per_phase[p] for p in per_phase], axis=0) if per_phase else np.zeros(items.size)
-    labels = item_labeler(md, items)
-    if stage_shares is None:
-        res = balance(
-            total,
-            G,
-            algorithm="ordinary" if algorithm == "none" else algorithm,
-            sizes=items.tokens if cap is not None else None,
-            cap=cap,
-            owners=items.owner,
-            item_bytes=items.tokens * float(bytes_per_token),
-            gpus_per_node=max(1, groups_per_node),
-            labels=labels,
-            budget=budget,
-            slack=slack,
+    capped = sorted(caps or {}, key=PHASES.index)
+    # A group's tokens in a phase: its samples' encoder tokens, or LLM tokens for the LLM.
+    sizes = None
+    if capped:
+        sizes = np.stack(
+            [md.sample_llm if p == "llm" else sample_encoder_tokens(md, p) for p in capped], axis=1
         )
-        dst, before, after, alg = res.bins, res.ordinary_loads, res.loads, res.algorithm
-    else:
-        vec = _stage_vectors(per_phase, stage_shares)
-        before = _bottleneck(items.owner, vec, G)
-        if algorithm == "none":
-            dst, after, alg = items.owner, before, "ordinary"
-        else:
-            dst = vector_lpt(vec, G, sizes=items.tokens, cap=cap, labels=labels)
-            mapping = map_bins_to_ranks(
-                dst, items.owner, items.tokens * float(bytes_per_token), G, max(1, groups_per_node)
+    cap = [int(caps[p]) for p in capped] if capped else None
+    size_names = [f"{p} tokens" for p in capped] or None
+    labels = item_labeler(md, items)
+    try:
+        if stage_shares is None:
+            res = balance(
+                total,
+                G,
+                algorithm="ordinary" if algorithm == "none" else algorithm,
+                sizes=sizes,
+                cap=cap,
+                size_names=size_names,
+                owners=items.owner,
+                item_bytes=items.tokens * float(bytes_per_token),
+                gpus_per_node=max(1, groups_per_node),
+                labels=labels,
+                budget=budget,
+                slack=slack,
             )
-            dst = mapping.bin_to_rank[dst]
-            after = _bottleneck(dst, vec, G)
-            alg = "vector-lpt"
-            if after.max() >= before.max() and (
-                cap is None
-                or np.bincount(items.owner, weights=items.tokens, minlength=G).max() <= cap
-            ):
+            dst, before, after, alg = res.bins, res.ordinary_loads, res.loads, res.algorithm
+        else:
+            vec = _stage_vectors(per_phase, stage_shares)
+            before = _bottleneck(items.owner, vec, G)
+            if algorithm == "none":
                 dst, after, alg = items.owner, before, "ordinary"
+            else:
+                dst = vector_lpt(vec, G, sizes=sizes, cap=cap, labels=labels, size_names=size_names)
+                mapping = map_bins_to_ranks(
+                    dst,
+                    items.owner,
+                    items.tokens * float(bytes_per_token),
+                    G,
+                    max(1, groups_per_node),
+                )
+                dst = mapping.bin_to_rank[dst]
+                after = _bottleneck(dst, vec, G)
+                alg = "vector-lpt"
+                if after.max() >= before.max() and (
+                    cap is None or np.all(_group_sizes(items.owner, sizes, G) <= cap)
+                ):
+                    dst, after, alg = items.owner, before, "ordinary"
+    except InfeasibleCapError as e:
+        if e.size_name in (size_names or ()):
+            e.phase = capped[size_names.index(e.size_name)]
+        raise
     dispatch = Route(G, items.owner, items.src_pos, dst, dst_positions(dst, G), items.tokens)
     mdig = md.digest()
     h = hashlib.sha256(PLAN_VERSION + b"-samples")
     h.update(mdig.encode())
     hash_route(h, "samples", dispatch)
     return SamplePlan(G, items, total, per_phase, dispatch, before, after, alg, mdig, h.hexdigest())
+
+
+def _group_sizes(groups: np.ndarray, sizes: np.ndarray, G: int) -> np.ndarray:
+    out = np.zeros((G, sizes.shape[1]), dtype=np.int64)
+    np.add.at(out, groups, sizes)
+    return out
 
 
 def _stage_vectors(

@@ -40,6 +40,12 @@ PHASES: tuple[str, ...] = ("vision", "audio", "llm")
 """The phases of one iteration: each encoder, then the LLM."""
 
 
+MAX_TOKENS = 2**31 - 1
+"""The largest token count of any field of a sample (text, an item's LLM tokens, a unit's
+encoder tokens). No real sample comes near it, and under it every sum the planner, the
+metadata all-gather and the statistics form over a batch stays exact in int64."""
+
+
 class WorkloadError(ValueError):
     """Bad workload input: a missing or malformed spec, or malformed sample metadata."""
 
@@ -137,6 +143,12 @@ class SampleMeta:
         """Encoder tokens of every unit this sample gives to ``encoder``."""
         return [u for item in self.encoder_items(encoder) for u in item.units]
 
+    def unencoded(self, encoders: Iterable[str]) -> str | None:
+        """The first modality of this sample whose items no encoder in ``encoders`` reads."""
+        present = set(encoders)
+        unread = (m for m in MODALITIES if ENCODER_OF_MODALITY[m] not in present)
+        return next((m for m in unread if self.items(m)), None)
+
     @property
     def modalities(self) -> tuple[str, ...]:
         """The modalities present, text last when the sample has any text."""
@@ -170,8 +182,10 @@ class SampleMeta:
         if "text_tokens" not in obj:
             raise WorkloadError(f"{where}: missing 'text_tokens'")
         text = obj["text_tokens"]
-        if isinstance(text, bool) or not isinstance(text, int) or text < 0:
-            raise WorkloadError(f"{where}: 'text_tokens' must be an int >= 0, got {text!r}")
+        if isinstance(text, bool) or not isinstance(text, int) or not 0 <= text <= MAX_TOKENS:
+            raise WorkloadError(
+                f"{where}: 'text_tokens' must be an int in [0, {MAX_TOKENS}], got {text!r}"
+            )
         items = {}
         for m in MODALITIES:
             raw = obj.get(m, [])
@@ -182,10 +196,23 @@ class SampleMeta:
         return cls(sid, text, component=None if component is None else str(component), **items)
 
 
+def missing_encoder_error(sample: str, modality: str) -> WorkloadError:
+    """The error for data the model cannot read: ``sample`` (its name in errors) has items of
+    ``modality`` and the model has no encoder for them."""
+    enc = ENCODER_OF_MODALITY[modality]
+    return WorkloadError(
+        f"{sample} has {modality} items but the model has no {enc} encoder "
+        f"(--{enc}-num-layers is 0)"
+    )
+
+
 def positive_count(value: Any, where: str) -> int:
-    """``value`` as a positive int of a JSON document, or a :class:`WorkloadError` at ``where``."""
+    """``value`` as a token count of a JSON document (an int in ``[1, MAX_TOKENS]``), or a
+    :class:`WorkloadError` at ``where``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise WorkloadError(f"{where}: expected a positive int, got {value!r}")
+    if value > MAX_TOKENS:
+        raise WorkloadError(f"{where}: {value} is more than {MAX_TOKENS} tokens")
     return value
 
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from orchestration.workload import (
+    MAX_TOKENS,
     MODALITIES,
     Item,
     SampleMeta,
@@ -58,6 +59,10 @@ class WorkloadSpec:
     sources: tuple[str, ...] = ()
     """Where the spec's numbers come from."""
 
+    origin: str = field(default="", compare=False)
+    """The file or built-in name it was loaded from (names it in errors; two loads of one
+    spec are equal)."""
+
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "WorkloadSpec":
         """Load a spec from a path, or by the name of a built-in spec.
@@ -80,7 +85,7 @@ class WorkloadSpec:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             raise WorkloadError(f"{text_path}: malformed JSON ({e.msg} at line {e.lineno})") from e
-        return cls.from_dict(obj, where=text_path)
+        return dataclasses.replace(cls.from_dict(obj, where=text_path), origin=text_path)
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any], where: str = "spec") -> "WorkloadSpec":
@@ -115,6 +120,13 @@ class WorkloadSpec:
             components=tuple(comps),
             description=str(obj.get("description", "")),
             sources=tuple(obj.get("sources", ())),
+        )
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The modalities whose items some component of positive weight may draw."""
+        return tuple(
+            m for m in MODALITIES if any(m in c and c["weight"] > 0 for c in self.components)
         )
 
     @property
@@ -196,6 +208,10 @@ def _check_items_spec(s: Any, where: str) -> None:
         raise WorkloadError(f"{where}: needs 'encoder_tokens' or 'seconds'")
 
 
+_MAX_EXPONENT = math.log(np.finfo(np.float64).max)
+"""The largest argument of ``math.exp`` that does not overflow."""
+
+
 def draw(dist: Mapping[str, Any], rng: np.random.Generator) -> float:
     """Draw one value from a spec distribution.
 
@@ -208,7 +224,9 @@ def draw(dist: Mapping[str, Any], rng: np.random.Generator) -> float:
     if kind == "uniform":
         return int(rng.integers(dist["low"], dist["high"], endpoint=True))
     if kind == "lognormal":
-        x = float(dist["median"]) * math.exp(float(dist["sigma"]) * rng.standard_normal())
+        # Capped where exp() would overflow: the draw is then infinite, clipped to 'max'.
+        exponent = min(float(dist["sigma"]) * rng.standard_normal(), _MAX_EXPONENT)
+        x = float(dist["median"]) * math.exp(exponent)
         return min(max(x, dist.get("min", 0.0)), dist.get("max", math.inf))
     if kind == "choice":
         values = dist["values"]
@@ -244,29 +262,60 @@ class WorkloadGenerator:
         if isinstance(self.seed, bool) or not isinstance(self.seed, Integral) or self.seed < 0:
             raise WorkloadError(f"seed must be an int >= 0, got {self.seed!r}")
         self._weights = self.spec.weights
+        self._scaled(self.spec.max_sequence_tokens, f"{self._name}: max_sequence_tokens")
+
+    @property
+    def _name(self) -> str:
+        return self.spec.origin or self.spec.name
 
     @property
     def max_sequence_tokens(self) -> int:
         """The spec's per-sample LLM cap, scaled."""
-        return self._scaled(self.spec.max_sequence_tokens)
+        return self._scaled(self.spec.max_sequence_tokens, "max_sequence_tokens")
 
-    def _scaled(self, n: float) -> int:
-        return max(1, int(round(n * self.token_scale)))
+    def _scaled(self, n: float, where: str) -> int:
+        """``n`` tokens times the token scale, rounded, at least 1.
+
+        Raises:
+            WorkloadError: at ``where``, when that is not a token count (above ``MAX_TOKENS``).
+        """
+        x = n * self.token_scale
+        if not x <= MAX_TOKENS:  # also NaN
+            raise WorkloadError(
+                f"{where}: {n:.6g} tokens x token scale {self.token_scale:g} is more than "
+                f"{MAX_TOKENS} tokens"
+            )
+        return max(1, int(round(x)))
 
     def sample(self, index: int) -> SampleMeta:
-        """Sample number ``index`` of the stream."""
+        """Sample number ``index`` of the stream.
+
+        Raises:
+            WorkloadError: a drawn size is not a token count, or more items than the sample
+                has LLM positions; the message names the spec, the sample and the field.
+        """
         rng = np.random.default_rng([self.seed, index])
         ci = int(rng.choice(len(self._weights), p=self._weights))
         comp = self.spec.components[ci]
-        text = self._scaled(draw(comp["text_tokens"], rng))
+        sid = f"{self.spec.name}-{self.seed}-{index}"
+        where = f"{self._name}: sample {sid!r} (component {comp['name']!r})"
+        text = self._scaled(draw(comp["text_tokens"], rng), f"{where}.text_tokens")
         items: dict[str, tuple[Item, ...]] = {}
         for m in MODALITIES:
             if m in comp:
-                count = int(draw(comp[m]["count"], rng))
-                items[m] = tuple(self._draw_item(comp[m], rng) for _ in range(count))
-        sample = SampleMeta(
-            f"{self.spec.name}-{self.seed}-{index}", text, component=comp["name"], **items
-        )
+                count = draw(comp[m]["count"], rng)
+                # Every item takes an LLM position, so beyond the LLM cap (scaled or not) no
+                # item would be kept: such a count is an error, not minutes of drawing.
+                most = max(self.spec.max_sequence_tokens, self.max_sequence_tokens)
+                if not count <= most:
+                    raise WorkloadError(
+                        f"{where}.{m}.count: {count:.6g} items, more than the {most} LLM "
+                        f"positions of a sample (max_sequence_tokens)"
+                    )
+                items[m] = tuple(
+                    self._draw_item(comp[m], rng, f"{where}.{m}") for _ in range(int(count))
+                )
+        sample = SampleMeta(sid, text, component=comp["name"], **items)
         return self._fit(sample)
 
     def samples(self, count: int, start: int = 0) -> list[SampleMeta]:
@@ -279,10 +328,12 @@ class WorkloadGenerator:
             yield self.sample(i)
             i += 1
 
-    def _draw_item(self, s: Mapping[str, Any], rng: np.random.Generator) -> Item:
+    def _draw_item(self, s: Mapping[str, Any], rng: np.random.Generator, where: str) -> Item:
         if "seconds" in s:
             seconds = float(draw(s["seconds"], rng))
             tps = float(s["encoder_tokens_per_second"])
+            # Checked before the windows are made: there is one per padded window.
+            self._scaled(seconds * tps, f"{where}.seconds")
             pad = s.get("encoder_pad_seconds")
             if pad:
                 windows = max(1, math.ceil(seconds / pad - 1e-9))
@@ -292,6 +343,7 @@ class WorkloadGenerator:
             llm = seconds * float(s["llm_tokens_per_second"])
         else:
             enc = float(draw(s["encoder_tokens"], rng))
+            self._scaled(enc, f"{where}.encoder_tokens")
             unit = s.get("encoder_unit_tokens")
             if unit:
                 full, rest = divmod(enc, unit)
@@ -299,7 +351,10 @@ class WorkloadGenerator:
             else:
                 units = [enc]
             llm = math.ceil(enc * float(s["llm_tokens_per_encoder_token"]))
-        return Item(units=tuple(self._scaled(u) for u in units), llm_tokens=self._scaled(llm))
+        return Item(
+            units=tuple(self._scaled(u, f"{where}.units") for u in units),
+            llm_tokens=self._scaled(llm, f"{where}.llm_tokens"),
+        )
 
     def _fit(self, sample: SampleMeta) -> SampleMeta:
         """Apply the per-sample LLM cap: truncate text first, then drop trailing items."""

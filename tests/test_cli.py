@@ -1,17 +1,20 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""What the command-line tools share: argument parsing (megatron.mllm.cli.args) and progress
-bars (megatron.mllm.cli.progress)."""
+"""What the command-line tools share: argument parsing (megatron.mllm.cli.args), one error line
+for every bad input, and progress bars (megatron.mllm.cli.progress)."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import re
 import sys
 
 import pytest
 from tqdm import tqdm
 
-from megatron.mllm.cli import progress
+from megatron.mllm import logs
+from megatron.mllm.cli import balance_report, calibrate, explain_step, progress, semu, workload
 from megatron.mllm.cli.args import EXIT_ERROR, ToolParser, number
 
 
@@ -43,6 +46,130 @@ def test_tool_parser_error_is_one_line(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("usage: tool")
     assert err[-1] == "error: argument --n: expected a positive integer, got '0'"
+
+
+HUGE = 10**20
+"""A token count no int64 holds."""
+
+TOOLS = {
+    "workload": workload.main,
+    "balance_report": balance_report.main,
+    "semu": semu.main,
+    "calibrate": calibrate.main,
+    "explain_step": explain_step.main,
+}
+SEMU = ["--model", "cpu-main", "--cluster", "cpu-2ranks"]
+PP2 = [*SEMU, "--set", "pipeline-model-parallel-size=2", "--schedule", "dataflow"]
+CALIBRATE = ["--quick", "--output", "{dir}/c.json"]
+
+BAD_INPUT = [
+    # (tool, arguments, what the one error line must name)
+    ("workload", ["{huge_text}"],
+     r"huge_text.jsonl:2 \(sample 'big'\): 'text_tokens' must be an int in \[0, 2147483647\], "
+     r"got 100000000000000000000"),
+    ("workload", ["{huge_item}"],
+     r"huge_item.jsonl:2 \(sample 'big'\)\.audio\[0\]: 100000000000000000000 is more than "
+     r"2147483647 tokens"),
+    ("workload", ["{negative}"], r"negative.jsonl:2 \(sample 'neg'\)\.image\[0\]: expected a "
+     r"positive int, got -4"),
+    ("workload", ["{not_object}"], r"not_object.jsonl:1: a sample must be a JSON object, got list"),
+    ("workload", ["{bad}"], r"bad.json: malformed JSON"),
+    ("workload", ["{sigma}", "--num-samples", "5"],
+     r"sigma.json: sample 'x-0-\d' \(component 'c'\)\.text_tokens: inf tokens"),
+    ("workload", ["{many_items}", "--num-samples", "1"],
+     r"many_items.json: sample 'x-0-0' \(component 'c'\)\.image\.count: 1e\+12 items, more "
+     r"than the 100 LLM positions"),
+    ("workload", ["omni-three-modality", "--num-samples", str(HUGE)],
+     r"argument --num-samples: expected a positive integer and at most 1,000,000"),
+    ("workload", ["omni-three-modality", "--token-scale", "1e300"],
+     r"omni-three-modality: max_sequence_tokens: 8192 tokens x token scale 1e\+300"),
+    ("balance_report", ["{huge_text}", "--dp", "2", "--samples-per-rank", "1"],
+     r"huge_text.jsonl:2 \(sample 'big'\): 'text_tokens'"),
+    ("balance_report", ["omni-three-modality", "--dp", "2", "--token-scale", "inf"],
+     r"argument --token-scale: expected a positive number, got 'inf'"),
+    ("balance_report", ["omni-three-modality", "--dp", str(HUGE)], r"argument --dp"),
+    ("balance_report", ["omni-three-modality", "--dp", "100000", "--samples-per-rank", "100"],
+     r"--dp 100000 x --samples-per-rank 100 is more than 1,000,000 samples"),
+    ("balance_report", ["omni-three-modality", "--dp", "2", "--vision-num-layers", "0"],
+     r"sample 'omni-three-modality-0-\d+' \(DP rank \d, position \d, stream index \d+\) has "
+     r"image items but the model has no vision encoder \(--vision-num-layers is 0\)"),
+    ("balance_report", ["omni-three-modality", "--dp", "2", "--num-attention-heads", "7"],
+     r"--hidden-size 64 is not divisible by --num-attention-heads 7"),
+    ("semu", ["--model", "cpu-main", "--cluster", "{bad}"], r"bad.json: malformed JSON"),
+    ("semu", [*SEMU, "--workload", "{huge_text}", "--token-scale", "1"],
+     r"huge_text.jsonl:2 \(sample 'big'\)"),
+    ("semu", [*SEMU, "--set", "vision-num-layers=0"],
+     r"sample 'omni-three-modality-1234-\d+' \(stream index \d+\) has image items but the "
+     r"model has no vision encoder \(--vision-num-layers is 0\)"),
+    ("semu", [*SEMU, "--token-scale", "inf"], r"argument --token-scale"),
+    ("semu", [*SEMU, "--token-scale", "1e300"], r"max_sequence_tokens"),
+    ("semu", [*SEMU, "--replicas", "0"], r"argument --replicas: expected a positive integer"),
+    ("semu", [*SEMU, "--iteration", "-1"], r"argument --iteration: expected an integer >= 0"),
+    ("semu", [*SEMU, "--encoder-sub-microbatch-tokens", "-5"],
+     r"argument --encoder-sub-microbatch-tokens"),
+    ("semu", [*PP2, "--placement", "interleaved", "--chunks-per-rank", "video=2"],
+     r"--chunks-per-rank: unknown module 'video'"),
+    ("semu", [*PP2, "--placement", "interleaved", "--chunks-per-rank", "vision=x"],
+     r"--chunks-per-rank: vision=x is not a positive integer"),
+    ("semu", [*SEMU, "--balancer-bytes", "{list}"], r"list.json: expected a JSON object"),
+    ("semu", [*SEMU, "--balancer-bytes", "{bad_bytes}"],
+     r"bad_bytes.json: 'vision' must be bytes per device"),
+    ("semu", [*SEMU, "--trace", "{dir}/no/such/dir/t.json"], r"cannot write .*t.json"),
+    ("calibrate", ["--reps", "-1", *CALIBRATE], r"argument --reps: expected a positive integer"),
+    ("calibrate", ["--threads", "0", *CALIBRATE], r"argument --threads"),
+    ("calibrate", ["--max-tokens", "4", *CALIBRATE],
+     r"--max-tokens 4 leaves no grid point: the smallest is --lengths 8 x --packs 1 = 8"),
+    ("calibrate", ["--lengths", "x", *CALIBRATE], r"argument --lengths"),
+    ("calibrate", ["--stages", "nope", *CALIBRATE], r"unknown stages \['nope'\]"),
+    ("explain_step", ["{huge_text}", "--skip", "-1"], r"argument --skip"),
+    ("explain_step", ["{huge_text}", "--top", "x"], r"argument --top"),
+    ("explain_step", ["{dir}/missing.jsonl"], r"cannot read .*missing.jsonl"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    """The files of the bad-input cases, by placeholder."""
+    root = tmp_path_factory.mktemp("bad-input")
+    fine = json.dumps({"id": "fine", "text_tokens": 5})
+
+    def spec(text, **modalities):
+        return {"name": "x", "max_sequence_tokens": 100, "components": [
+            {"name": "c", "weight": 1, "text_tokens": text, **modalities}]}  # fmt: skip
+
+    image = {"encoder_tokens": {"dist": "const", "value": 4}, "llm_tokens_per_encoder_token": 1}
+    files = {
+        "huge_text.jsonl": f'{fine}\n{{"id": "big", "text_tokens": {HUGE}}}\n',
+        "huge_item.jsonl": f'{fine}\n{{"id": "big", "text_tokens": 5, "audio": [{HUGE}]}}\n',
+        "negative.jsonl": f'{fine}\n{{"id": "neg", "text_tokens": 5, "image": [-4]}}\n',
+        "not_object.jsonl": "[1, 2]\n",
+        "bad.json": "{not json",
+        "list.json": "[1, 2]",
+        "bad_bytes.json": json.dumps({"vision": "lots"}),
+        "sigma.json": json.dumps(spec({"dist": "lognormal", "median": 10, "sigma": 1e6})),
+        "many_items.json": json.dumps(spec(
+            {"dist": "const", "value": 5},
+            image={"count": {"dist": "const", "value": 1e12}, **image})),  # fmt: skip
+    }
+    out = {"dir": str(root)}
+    for name, text in files.items():
+        (root / name).write_text(text)
+        out[name.split(".")[0]] = str(root / name)
+    return out
+
+
+@pytest.mark.parametrize("tool,argv,culprit", BAD_INPUT)
+def test_bad_input_is_one_error_line_naming_it(tool, argv, culprit, bad_files, monkeypatch, capsys):
+    # In process (each tool's main is its console script): exit status 2, no traceback.
+    monkeypatch.setattr(logs, "configure", lambda level: None)
+    try:
+        status = TOOLS[tool]([a.format(**bad_files) for a in argv])
+    except SystemExit as e:  # argparse's errors
+        status = e.code
+    assert status == EXIT_ERROR
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert re.search(culprit, errors[0]), errors[0]
 
 
 class _Stderr(io.StringIO):

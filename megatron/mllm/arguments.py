@@ -165,6 +165,11 @@ def check_required(args: argparse.Namespace) -> None:
         raise ConfigError("--seq-length is required")
     if args.vocab_size is None:
         raise ConfigError("--vocab-size is required (OrchWeave trains on synthetic token ids)")
+    heads = args.num_attention_heads
+    if args.hidden_size is not None and heads and args.hidden_size % heads:
+        raise ConfigError(
+            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}"
+        )
 
 
 def check_layout(args: argparse.Namespace) -> None:
@@ -198,12 +203,7 @@ def check_layout(args: argparse.Namespace) -> None:
 def finish_arguments(args: argparse.Namespace) -> None:
     """Check our flags and derive their defaults, and the fields Megatron derives from a
     tokenizer, in place."""
-    decay = args.lr_decay_iters or args.train_iters
-    if args.lr_warmup_fraction is None and decay is not None and args.lr_warmup_iters >= decay:
-        raise ConfigError(
-            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay iterations "
-            f"(--lr-decay-iters, else --train-iters: {decay})"
-        )
+    _check_schedules(args)
     minutes = args.distributed_timeout_minutes
     if not 0 < minutes < math.inf:
         raise ConfigError(f"--distributed-timeout-minutes must be a number > 0, got {minutes}")
@@ -232,7 +232,7 @@ def finish_arguments(args: argparse.Namespace) -> None:
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
-    _check_caps(args.post_balance_token_caps)
+    _check_caps(args)
     _check_pipeline(args)
     if args.gpus_per_node is None:
         args.gpus_per_node = _default_gpus_per_node()
@@ -257,6 +257,74 @@ def finish_arguments(args: argparse.Namespace) -> None:
             f"--node-wise-a2a: --gpus-per-node {args.gpus_per_node} does not divide the "
             f"data-parallel size {dp} (a node holds whole groups of DP ranks)"
         )
+
+
+def _check_schedules(args: argparse.Namespace) -> None:
+    """megatron-core's ``OptimizerParamScheduler`` rules, checked with the flags' names (the
+    scheduler asserts them without a message, after the process groups are up)."""
+    # Steps count samples (training._scheduler): both sides scale by --global-batch-size.
+    decay = args.lr_decay_iters or args.train_iters
+    decay_flag = "--lr-decay-iters" if args.lr_decay_iters else "--train-iters"
+    if decay is not None and decay <= 0:
+        raise ConfigError(f"{decay_flag} {decay} must be positive (the learning-rate decay)")
+    if decay is not None and args.lr_warmup_fraction is not None:
+        if not 0 <= args.lr_warmup_fraction < 1:
+            raise ConfigError(
+                f"--lr-warmup-fraction {args.lr_warmup_fraction} must be >= 0 and below 1: the "
+                f"warmup must end before the decay ({decay_flag} {decay})"
+            )
+    elif decay is not None and args.lr_warmup_iters >= decay:
+        raise ConfigError(
+            f"--lr-warmup-iters {args.lr_warmup_iters} must be smaller than the decay iterations "
+            f"({decay_flag} {decay})"
+        )
+    if args.lr is not None and args.lr_warmup_init > args.lr:
+        raise ConfigError(f"--lr-warmup-init {args.lr_warmup_init} must be <= --lr {args.lr}")
+    start, end = args.start_weight_decay, args.end_weight_decay
+    if start is not None and start < 0:
+        raise ConfigError(f"--start-weight-decay {start} must be >= 0")
+    if start is not None and end is not None and end < start:
+        raise ConfigError(
+            f"--end-weight-decay {end} must be >= --start-weight-decay {start} (weight decay "
+            f"only increases)"
+        )
+
+
+def check_tensor_parallel(args: argparse.Namespace) -> None:
+    """Every size that tensor parallelism splits divides by its size: the trainer checks it
+    before any process group starts, naming the flag (megatron-core checks each as it builds
+    the module, naming its own field, e.g. ``num_attention_heads`` for an encoder's heads).
+
+    Not part of :func:`parse_arguments`: a model config of ``scripts/configs`` may describe a
+    layout that SEMU predicts and that Megatron-based trainers build by padding (omni-84b's
+    25-head encoders over TP 8).
+
+    Raises:
+        ConfigError: naming the flag and ``--tensor-model-parallel-size``.
+    """
+    tp = args.tensor_model_parallel_size
+    groups = args.num_query_groups if args.group_query_attention else None
+    # Key/value groups are split, or each replicated over TP / groups ranks.
+    if groups is not None and groups % tp and tp % groups:
+        raise ConfigError(
+            f"--num-query-groups {groups} must be a multiple or a divisor of "
+            f"--tensor-model-parallel-size {tp}"
+        )
+    split = [("--num-attention-heads", args.num_attention_heads)]
+    # The MLP's first linear layer is split by columns (and the LLM's projectors use it too).
+    split.append(("--ffn-hidden-size", args.ffn_hidden_size))
+    for name in ENCODER_NAMES:
+        if getattr(args, f"{name}_num_layers") > 0:
+            split.append(
+                (f"--{name}-num-attention-heads", getattr(args, f"{name}_num_attention_heads"))
+            )
+            split.append((f"--{name}-ffn-hidden-size", getattr(args, f"{name}_ffn_hidden_size")))
+    for flag, value in split:
+        if value is not None and value % tp:
+            raise ConfigError(
+                f"{flag} {value} is not divisible by --tensor-model-parallel-size {tp}: tensor "
+                f"parallelism splits it evenly over the ranks"
+            )
 
 
 def _check_profiling(args: argparse.Namespace) -> None:
@@ -328,14 +396,23 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             )
 
 
-def _check_caps(items: Sequence[str]) -> None:
-    for item in items:
+def _check_caps(args: argparse.Namespace) -> None:
+    seen = set()
+    for item in args.post_balance_token_caps:
         phase, _, value = item.partition("=")
         if phase not in PHASES or not value.isdigit() or int(value) < 1:
             raise ConfigError(
                 f"--post-balance-token-caps: expected PHASE=TOKENS with PHASE in "
                 f"{', '.join(PHASES)} and TOKENS a positive integer, got {item!r}"
             )
+        if phase in seen:
+            raise ConfigError(f"--post-balance-token-caps: {phase} is capped twice")
+        seen.add(phase)
+    if seen and args.post_balance == "none":
+        raise ConfigError(
+            "--post-balance-token-caps caps what balancing gives a rank: it needs "
+            "--post-balance (with --post-balance none nothing moves)"
+        )
 
 
 def _default_gpus_per_node() -> int:

@@ -19,16 +19,21 @@ item starts with the item's class token. The rest of the text follows a fixed bi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.dispatcher import Dispatcher
-from orchestration.metadata import GatheredMetadata
+from orchestration.metadata import GatheredMetadata, check_encoders
 from orchestration.packing import microbatch_indices
-from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta
+from orchestration.workload import (
+    ENCODER_OF_MODALITY,
+    MODALITIES,
+    SampleMeta,
+    missing_encoder_error,
+)
 from orchestration.workload_spec import SampleStream
 
 BOS_TOKEN = 1
@@ -206,6 +211,9 @@ class BatchLoader:
     with_features: bool
     """Generate encoder features (only ranks that run an encoder's input layer need them)."""
 
+    encoders: tuple[str, ...]
+    """The model's encoders; a sample with items for another one is an error."""
+
     timers: StepTimers = NULL_TIMERS
     """Where loading reports its time (``payloads``; the dispatcher times the gather)."""
 
@@ -215,23 +223,46 @@ class BatchLoader:
         Raises:
             SequenceTooLongError: on every rank, naming the first sample of any rank that does
                 not fit ``--seq-length``.
+            WorkloadError: on every rank, naming the first sample with items for an encoder
+                the model lacks.
         """
         d = self.dispatcher
         indices = microbatch_indices(
             iteration, d.rank, d.world, self.micro_batch_size, self.num_microbatches
         )
-        microbatches = []
-        with self.timers.span("payloads"):
-            for mb in indices:
-                loaded = []
-                for k in mb:
-                    meta = self.stream.meta(k)
-                    payload = self.task.payload(meta, k, self.with_features)
-                    loaded.append(LoadedSample(k, meta, payload))
-                microbatches.append(loaded)
-        metadata = d.gather_metadata([(s.index, s.meta) for mb in microbatches for s in mb])
+        metas = [[(k, self.stream.meta(k)) for k in mb] for mb in indices]
+        # The whole batch's metadata is checked before any payload is made: a bad sample then
+        # stops every rank with the same error, and is never allocated.
+        metadata = d.gather_metadata([pair for mb in metas for pair in mb])
         check_fits(metadata, self.seq_length)
+        check_encoders(metadata, self.encoders)
+        with self.timers.span("payloads"):
+            microbatches = [
+                [LoadedSample(k, meta, self.task.payload(meta, k, self.with_features))
+                 for k, meta in mb]
+                for mb in metas
+            ]  # fmt: skip
         return GlobalBatch(iteration, microbatches, metadata)
+
+
+def check_stream_encoders(stream: SampleStream, encoders: Sequence[str], count: int) -> None:
+    """Before any process group exists: the first ``count`` samples of ``stream`` have items
+    only for ``encoders``, so a model built without an encoder the data needs stops every rank
+    at once (the loader checks every batch again, on every rank alike).
+
+    Raises:
+        WorkloadError: naming the first such sample and the encoder's flag.
+    """
+    unread = [m for m in MODALITIES if ENCODER_OF_MODALITY[m] not in encoders]
+    if stream.generator is not None:  # a spec says what it can draw: no need to look
+        unread = [m for m in unread if m in stream.generator.spec.modalities]
+    if not unread:
+        return
+    for k in range(count):
+        meta = stream.meta(k)
+        modality = meta.unencoded(encoders)
+        if modality is not None:
+            raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
 
 
 def check_fits(metadata: GatheredMetadata, seq_length: int) -> None:

@@ -35,13 +35,18 @@ from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
 from megatron.mllm import checkpointing, distributed, logs  # noqa: E402
-from megatron.mllm.arguments import ConfigError, parse_arguments  # noqa: E402
+from megatron.mllm.arguments import (  # noqa: E402
+    ConfigError,
+    check_tensor_parallel,
+    parse_arguments,
+)
 from megatron.mllm.config import mllm_config  # noqa: E402
 from megatron.mllm.data import (  # noqa: E402
     BatchLoader,
     GlobalBatch,
     SequenceTooLongError,
     SyntheticTask,
+    check_stream_encoders,
 )
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
@@ -60,6 +65,11 @@ from orchestration.workload_spec import SampleStream  # noqa: E402
 from pipeweaver.runtime.p2p import TransferError  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+STREAM_CHECK_SAMPLES = 10_000
+"""The most samples of the workload checked against the model's encoders before the process
+groups start (a spec is looked at only if it can draw a modality the model cannot read, and
+the scan stops at the first such sample); the loader checks every batch it loads."""
 
 
 @dataclasses.dataclass
@@ -137,10 +147,13 @@ class Trainer:
     def __init__(self, run: RunConfig):
         if run.training.train_iters is None:
             raise ConfigError("--train-iters is required to train")
+        check_tensor_parallel(run.args)
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.
         stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
+        trained = run.training.train_iters * run.global_batch_size
+        check_stream_encoders(stream, tuple(run.encoders), min(trained, STREAM_CHECK_SAMPLES))
         self.device = distributed.initialize_distributed(run)
         self.pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -215,7 +228,8 @@ class Trainer:
         )
         self.loader = BatchLoader(
             stream, task, dispatcher, run.micro_batch_size, run.num_microbatches,
-            run.seq_length, with_features=self.model.holds_encoder_inputs, timers=self.timers,
+            run.seq_length, with_features=self.model.holds_encoder_inputs,
+            encoders=tuple(self.mllm.encoders), timers=self.timers,
         )  # fmt: skip
         self.iteration = 0
         self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)

@@ -77,11 +77,14 @@ milliseconds.
 
 Caps
 ----
-``sizes`` (e.g. tokens) with ``cap`` bounds the summed size of every bin (memory). LPT honours
-it while placing (the lightest bin where the item fits); KK ignores it and is then repaired
-(items lifted off over-cap bins and re-placed by capped LPT); refine and repair check every
-move. An item larger than the cap, or a cap that a greedy cannot satisfy, raises
-:class:`InfeasibleCapError` naming the item (``labels``, e.g. sample ids).
+``sizes`` (e.g. tokens) with ``cap`` bounds the summed size of every bin (memory). An item
+may have several kinds of size, each with its own cap (``sizes`` (n, k), ``cap`` (k,): a whole
+sample's tokens in every phase), and a bin must stay under all of them. LPT honours it while
+placing (the lightest bin where the item fits); KK ignores it and is then repaired (items
+lifted off over-cap bins and re-placed by capped LPT); refine and repair check every move. An
+item larger than the cap, or a cap that a greedy cannot satisfy, raises
+:class:`InfeasibleCapError` naming the item (``labels``, e.g. sample ids) and the kind of size
+(``size_names``).
 
 Ordinary assignment
 -------------------

@@ -7,6 +7,9 @@ the ordinary assignment competes; ties in max load go to the fewest moved items.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Sequence
+
 import numpy as np
 
 from orchestration.balance.differencing import karmarkar_karp_capped
@@ -45,7 +48,8 @@ def balance(
     *,
     algorithm: str = "auto",
     sizes: np.ndarray | None = None,
-    cap: int | None = None,
+    cap: int | Sequence[int] | None = None,
+    size_names: Sequence[str] | None = None,
     owners: np.ndarray | None = None,
     item_bytes: np.ndarray | None = None,
     gpus_per_node: int = 8,
@@ -60,8 +64,10 @@ def balance(
         costs: (n,) cost of each item, >= 0.
         num_bins: ``d``, the number of bins (ranks).
         algorithm: one of :data:`ALGORITHMS`.
-        sizes: (n,) integer size of each item (tokens), for ``cap``.
-        cap: largest summed size of a bin; None for no cap.
+        sizes: (n,) integer size of each item (tokens), for ``cap``; (n, k) for ``k`` kinds
+            of size (e.g. the tokens of several phases), each with its own cap.
+        cap: largest summed size of a bin (one per kind of size); None for no cap.
+        size_names: names each kind of size in errors (default "size").
         owners: (n,) rank holding each item now, in ``[0, d)``. Makes bin ``k`` rank ``k``
             (bins are mapped to ranks for locality) and scores the ordinary assignment.
         item_bytes: (n,) payload of each item for the locality mapping (default: count items).
@@ -81,7 +87,7 @@ def balance(
         InfeasibleCapError: an item exceeds ``cap``, or no algorithm could meet it.
         ValueError: bad arguments.
     """
-    prob = BalanceProblem.make(costs, num_bins, sizes, cap, labels, budget)
+    prob = BalanceProblem.make(costs, num_bins, sizes, cap, labels, budget, size_names)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown balancing algorithm {algorithm!r}; choose from {ALGORITHMS}")
     own = None if owners is None else check_owners(owners, prob.n, prob.d)
@@ -102,11 +108,15 @@ def balance(
         if not keep_ordinary:
             cands = [c for c in cands if c[0] != "ordinary"]
     if not cands:
+        caps = ", ".join(f"{n} {int(c)}" for n, c in zip(prob.size_names, prob.cap))
         raise InfeasibleCapError(
-            f"no assignment of {prob.n} items to {prob.d} bins meets the cap {prob.cap}",
-            cap=prob.cap,
+            f"no assignment of {prob.n} items to {prob.d} bins meets the cap ({caps})",
+            cap=int(prob.cap[0]) if prob.cap.size == 1 else None,
         )
-    return _choose(prob, cands, own, wts, gpus_per_node, slack)
+    result = _choose(prob, cands, own, wts, gpus_per_node, slack)
+    if result.sizes is not None and np.ndim(sizes) == 1:
+        result = dataclasses.replace(result, sizes=result.sizes[:, 0])
+    return result
 
 
 def _run_one(prob: BalanceProblem, name: str, owners: np.ndarray | None) -> np.ndarray:
@@ -232,7 +242,7 @@ def _choose(
     loads = np.bincount(bins, weights=prob.costs, minlength=prob.d).astype(np.float64)
     out_sizes = None
     if prob.sizes is not None:
-        out_sizes = np.bincount(bins, weights=prob.sizes, minlength=prob.d).astype(np.int64)
+        out_sizes = prob.bin_sizes(bins)
     ordinary = moved_w = None
     if owners is not None:
         ordinary = np.bincount(owners, weights=prob.costs, minlength=prob.d)

@@ -153,19 +153,24 @@ def karmarkar_karp_capped(prob: BalanceProblem) -> np.ndarray:
 
 
 def _repair_cap(prob: BalanceProblem, bins: np.ndarray) -> np.ndarray:
-    """Lift items (largest size first) off over-cap bins and re-place them by capped LPT."""
+    """Lift items off over-cap bins and re-place them by capped LPT: per kind of size over its
+    cap, the bin's largest items in that kind, as few as bring it under."""
     bins = bins.copy()
-    used = np.bincount(bins, weights=prob.sizes, minlength=prob.d).astype(np.int64)
-    over = np.flatnonzero(used > prob.cap)
+    used = prob.bin_sizes(bins)
+    over = np.flatnonzero(np.any(used > prob.cap, axis=1))
     lifted = []
     for b in over:
         members = np.flatnonzero(bins == b)
-        members = members[np.lexsort((members, -prob.sizes[members]))]
-        excess = used[b] - prob.cap
-        k = int(np.searchsorted(np.cumsum(prob.sizes[members]), excess)) + 1
-        lifted.append(members[:k])
-        used[b] -= int(prob.sizes[members[:k]].sum())
-        bins[members[:k]] = -1
+        for c in np.flatnonzero(used[b] > prob.cap).tolist():
+            excess = used[b, c] - prob.cap[c]
+            if excess <= 0:  # lifting for an earlier kind already brought this one under
+                continue
+            members = members[np.lexsort((members, -prob.sizes[members, c]))]
+            k = int(np.searchsorted(np.cumsum(prob.sizes[members, c]), excess)) + 1
+            lifted.append(members[:k])
+            used[b] -= prob.sizes[members[:k]].sum(axis=0)
+            bins[members[:k]] = -1
+            members = members[k:]
     lifted = np.concatenate(lifted)
     lifted = lifted[np.lexsort((lifted, -prob.q[lifted]))]
     keep = bins >= 0

@@ -18,8 +18,10 @@ def branch_and_bound(prob: BalanceProblem, incumbent: np.ndarray | None) -> np.n
     d, n = prob.d, prob.n
     order = prob.order.tolist()
     q = [int(prob.q[i]) for i in order]
-    sz = [int(prob.sizes[i]) for i in order] if prob.cap is not None else None
-    cap = prob.cap
+    # Sizes and summed sizes as tuples (one entry per kind of size; none without a cap).
+    kinds = 0 if prob.cap is None else prob.cap.size
+    sz = [tuple(int(x) for x in prob.sizes[i]) for i in order] if kinds else None
+    cap = tuple(int(x) for x in prob.cap) if kinds else ()
     if incumbent is not None:
         best = [prob.max_q(incumbent), None]
         if best[0] <= prob.lb_q:
@@ -30,7 +32,7 @@ def branch_and_bound(prob: BalanceProblem, incumbent: np.ndarray | None) -> np.n
     for k in range(n - 1, -1, -1):
         suffix[k] = suffix[k + 1] + q[k]
     loads = [0] * d
-    used = [0] * d
+    used = [(0,) * kinds] * d
     assign = [0] * n
     nodes = [0]
     limit = prob.budget.exact_nodes
@@ -55,14 +57,17 @@ def branch_and_bound(prob: BalanceProblem, incumbent: np.ndarray | None) -> np.n
             new = loads[b] + q[k]
             if new >= best[0]:
                 continue
-            if sz is not None and used[b] + sz[k] > cap:
-                continue
+            before = used[b]
+            if sz is not None:
+                after = tuple(u + s for u, s in zip(before, sz[k]))
+                if any(u > c for u, c in zip(after, cap)):
+                    continue
+                used[b] = after
             loads[b] = new
-            used[b] += sz[k] if sz is not None else 0
             assign[k] = b
             stop = dfs(k + 1, max(cur_max, new))
             loads[b] -= q[k]
-            used[b] -= sz[k] if sz is not None else 0
+            used[b] = before
             if stop:
                 return True
         return False

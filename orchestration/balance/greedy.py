@@ -9,9 +9,11 @@ stage), minimising the largest component of the largest bin.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from orchestration.balance.problem import BalanceProblem, InfeasibleCapError, Labels, item_label
+from orchestration.balance.problem import DEFAULT_BUDGET, BalanceProblem, InfeasibleCapError, Labels
 
 
 def lpt(
@@ -28,7 +30,7 @@ def lpt(
         items: indices of the items to place, in placement order (default: all, by decreasing
             cost); used by the cap repair to re-place a few items onto existing loads.
         init: (d,) int64 loads to start from (default zeros).
-        init_sizes: (d,) summed sizes to start from, with a cap.
+        init_sizes: (d, k) summed sizes to start from, with a cap.
         bins_out: (n,) array to write the bins into (default: a new one, -1 where unplaced).
 
     Raises:
@@ -40,7 +42,8 @@ def lpt(
     capped = prob.cap is not None
     used = None
     if capped:
-        used = np.zeros(d, dtype=np.int64) if init_sizes is None else init_sizes.copy()
+        k_sizes = prob.cap.size
+        used = np.zeros((d, k_sizes), dtype=np.int64) if init_sizes is None else init_sizes.copy()
     out = np.full(prob.n, -1, dtype=np.int64) if bins_out is None else bins_out
     q = prob.q
     m = order.size
@@ -64,25 +67,16 @@ def lpt(
         else:
             k = take
         if capped:
-            fits = used[sorted_bins[:k]] + prob.sizes[items_j[:k]] <= prob.cap
+            fits = prob.fits_in(used[sorted_bins[:k]], prob.sizes[items_j[:k]])
             if not fits.all():
                 k = int(np.argmin(fits))
                 if k == 0:
                     # The lightest bin is full for this item: place it alone on the lightest
                     # bin where it fits, as the sequential capped rule would.
                     i = int(items_j[0])
-                    free = used + prob.sizes[i] <= prob.cap
+                    free = prob.fits_in(used, prob.sizes[i])
                     if not free.any():
-                        raise InfeasibleCapError(
-                            f"LPT could not fit {prob.label(i)} (size {int(prob.sizes[i])}) in "
-                            f"any of {d} bins under the cap {prob.cap}: every bin is too full "
-                            f"(greedy failure; total size {int(prob.sizes.sum())}, "
-                            f"d x cap = {d * prob.cap}); raise the cap or add bins",
-                            item=i,
-                            label=prob.label(i),
-                            size=int(prob.sizes[i]),
-                            cap=prob.cap,
-                        )
+                        raise _greedy_failure(prob, i, used)
                     cand = np.flatnonzero(free)
                     b = int(cand[np.lexsort((cand, loads[cand]))[0]])
                     out[i] = b
@@ -99,13 +93,38 @@ def lpt(
     return out
 
 
+def _greedy_failure(prob: BalanceProblem, i: int, used: np.ndarray) -> InfeasibleCapError:
+    """LPT found no bin for item ``i`` with the bins' summed sizes ``used`` (d, k)."""
+    # The kind of size that even the roomiest bin lacks most names the cap at fault.
+    c = int(np.argmax((prob.sizes[i] - (prob.cap - used)).min(axis=0)))
+    names, d = prob.size_names, prob.d
+    kinds = range(prob.cap.size)
+    size = ", ".join(f"{names[k]} {int(prob.sizes[i, k])}" for k in kinds)
+    caps = ", ".join(f"{names[k]} {int(prob.cap[k])}" for k in kinds)
+    totals = ", ".join(f"{names[k]} {int(prob.sizes[:, k].sum())}" for k in kinds)
+    bound = ", ".join(f"{names[k]} {d * int(prob.cap[k])}" for k in kinds)
+    if prob.cap.size == 1:
+        caps, bound = str(int(prob.cap[0])), str(d * int(prob.cap[0]))
+    return InfeasibleCapError(
+        f"LPT could not fit {prob.label(i)} ({size}) in any of {d} bins under the cap {caps}: "
+        f"every bin is too full (greedy failure; total {totals}, d x cap = {bound}); raise the "
+        f"cap or add bins",
+        item=i,
+        label=prob.label(i),
+        size=int(prob.sizes[i, c]),
+        cap=int(prob.cap[c]),
+        size_name=names[c],
+    )
+
+
 def vector_lpt(
     costs: np.ndarray,
     num_bins: int,
     *,
     sizes: np.ndarray | None = None,
-    cap: int | None = None,
+    cap: int | Sequence[int] | None = None,
     labels: Labels = None,
+    size_names: Sequence[str] | None = None,
 ) -> np.ndarray:
     """LPT for vector costs: minimise the largest bin's largest component.
 
@@ -113,8 +132,8 @@ def vector_lpt(
     bin's load is the per-component sum of its items, and its bottleneck the largest component.
     Items go by decreasing total cost (ties by index), each to the bin whose bottleneck after
     taking it is smallest (ties to the lowest bin), among the bins where it fits under ``cap``.
-    The whole-sample planner (``orchestration.sample_plan.plan_whole_samples`` with ``stage_shares``)
-    runs it; with ``S = 1`` it is plain sequential LPT.
+    The whole-sample planner (``orchestration.sample_plan.plan_whole_samples`` with
+    ``stage_shares``) runs it; with ``S = 1`` it is plain sequential LPT.
 
     Unlike :func:`orchestration.balance.balance`, the costs are not quantised: the loads are
     float64 sums, formed item by item in the same order on every rank.
@@ -122,9 +141,10 @@ def vector_lpt(
     Args:
         costs: (n, S) cost of each item in each component, >= 0.
         num_bins: ``d``, the number of bins.
-        sizes: (n,) integer size of each item (tokens), for ``cap``.
-        cap: largest summed size of a bin; None for no cap.
+        sizes: (n,) or (n, k) integer sizes of each item (tokens), for ``cap``.
+        cap: largest summed size of a bin, one per kind of size; None for no cap.
         labels: names items in errors.
+        size_names: names each kind of size in errors.
 
     Returns:
         (n,) the bin of each item.
@@ -134,31 +154,25 @@ def vector_lpt(
         ValueError: a cap without sizes.
     """
     vec = np.asarray(costs, dtype=np.float64)
-    if cap is not None and sizes is None:
-        raise ValueError("a cap needs item sizes")
     n = vec.shape[0]
+    # The cap's checks and errors are those of the packed problem (on the summed costs).
+    prob = BalanceProblem.make(
+        vec.sum(axis=1), num_bins, sizes, cap, labels, DEFAULT_BUDGET, size_names
+    )
     order = np.lexsort((np.arange(n), -vec.sum(axis=1)))
     loads = np.zeros((num_bins, vec.shape[1]))
-    used = np.zeros(num_bins, dtype=np.int64)
+    used = None if prob.cap is None else np.zeros((num_bins, prob.cap.size), dtype=np.int64)
     out = np.empty(n, dtype=np.int64)
     for i in order.tolist():
         score = (loads + vec[i]).max(axis=1)
-        if cap is not None:
-            fits = used + sizes[i] <= cap
+        if used is not None:
+            fits = prob.fits_in(used, prob.sizes[i])
             if not fits.any():
-                # The planner's words: its bins are DP groups and its sizes LLM tokens.
-                raise InfeasibleCapError(
-                    f"{item_label(labels, i)} ({int(sizes[i])} tokens) fits in no DP group "
-                    f"under the cap {cap}",
-                    item=i,
-                    label=item_label(labels, i),
-                    size=int(sizes[i]),
-                    cap=cap,
-                )
+                raise _greedy_failure(prob, i, used)
             score = np.where(fits, score, np.inf)
         g = int(np.argmin(score))
         out[i] = g
         loads[g] += vec[i]
-        if sizes is not None:
-            used[g] += sizes[i]
+        if used is not None:
+            used[g] += prob.sizes[i]
     return out

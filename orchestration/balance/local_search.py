@@ -41,7 +41,7 @@ def _refine_single(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.nda
     loads = int_loads(q, bins, d)
     capped = prob.cap is not None
     sizes = prob.sizes if capped else None
-    used = np.bincount(bins, weights=sizes, minlength=d).astype(np.int64) if capped else None
+    used = prob.bin_sizes(bins) if capped else None
     slot_bins = np.arange(d)
     big = np.iinfo(np.int64).max
     for _ in range(iters):
@@ -60,11 +60,9 @@ def _refine_single(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.nda
         new_max = np.maximum(top_load - delta, loads[y_bin][None, :] + delta)
         valid = (delta > 0) & (new_max < top_load)
         if capped:
-            sx = sizes[x_items][:, None]
-            sy = np.where(y_items >= 0, sizes[y_items], 0)[None, :]
-            valid &= (used[top] - sx + sy <= prob.cap) & (
-                used[y_bin][None, :] + sx - sy <= prob.cap
-            )
+            sx = sizes[x_items][:, None, :]
+            sy = np.where((y_items >= 0)[:, None], sizes[y_items], 0)[None, :, :]
+            valid &= prob.fits_in(used[top], sy - sx) & prob.fits_in(used[y_bin][None], sx - sy)
         if not valid.any():
             break
         flat = int(np.argmin(np.where(valid, new_max, big)))
@@ -95,7 +93,7 @@ def _refine_pairs(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.ndar
     loads = int_loads(q, bins, d)
     capped = prob.cap is not None
     sizes = prob.sizes
-    used = np.bincount(bins, weights=sizes, minlength=d).astype(np.int64) if capped else None
+    used = prob.bin_sizes(bins) if capped else None
     # Members of every bin as a padded matrix (-1 = empty), with room for items moved in.
     counts = np.bincount(bins, minlength=d)
     width = int(counts.max()) + min(iters, 8) + 1
@@ -111,7 +109,7 @@ def _refine_pairs(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.ndar
     # For the light bins' slots, an empty one reads as too heavy to swap for anything, so
     # that each light bin offers one move, in its extra last column (no mask needed).
     qy = np.r_[q, np.int64(1) << np.int64(60)]
-    sx_all = np.r_[sizes, 0] if capped else None
+    sx_all = np.vstack((sizes, np.zeros((1, sizes.shape[1]), dtype=np.int64))) if capped else None
     history: list[int] = []
     for _ in range(iters):
         top = int(loads.max())
@@ -133,10 +131,10 @@ def _refine_pairs(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.ndar
         # empty y slots but the move column (qy huge).
         valid = new_max < hl
         if capped:
-            sx = sx_all[xi][:, :, None]
-            sy = sx_all[yi][:, None, :]
-            valid &= used[heavy][:, None, None] - sx + sy <= prob.cap
-            valid &= used[light][:, None, None] + sx - sy <= prob.cap
+            sx = sx_all[xi][:, :, None, :]
+            sy = sx_all[yi][:, None, :, :]
+            valid &= prob.fits_in(used[heavy][:, None, None, :], sy - sx)
+            valid &= prob.fits_in(used[light][:, None, None, :], sx - sy)
         score = np.where(valid, new_max, big).reshape(pairs, -1)
         best = np.argmin(score, axis=1)
         ok = score[np.arange(pairs), best] < big
@@ -154,7 +152,7 @@ def _refine_pairs(prob: BalanceProblem, bins: np.ndarray, iters: int) -> np.ndar
         loads[h] -= dq
         loads[l] += dq
         if capped:
-            ds = sizes[i] - np.where(swap, sizes[np.maximum(j, 0)], 0)
+            ds = sizes[i] - np.where(swap[:, None], sizes[np.maximum(j, 0)], 0)
             used[h] -= ds
             used[l] += ds
         # Update the member matrix: a swap trades places; a move leaves a hole and appends.
@@ -192,13 +190,13 @@ def repair(prob: BalanceProblem, owners: np.ndarray, target: int) -> np.ndarray 
     bins = owners.astype(np.int64).copy()
     loads = int_loads(q, bins, d)
     capped = prob.cap is not None
-    used = np.bincount(bins, weights=prob.sizes, minlength=d).astype(np.int64) if capped else None
+    used = prob.bin_sizes(bins) if capped else None
     pinned = np.zeros(n, dtype=bool)
     last_over = n + 1
     for _ in range(prob.budget.repair_rounds):
         over = loads > target
         if capped:
-            over |= used > prob.cap
+            over |= np.any(used > prob.cap, axis=1)
         num_over = int(np.count_nonzero(over))
         if num_over == 0:
             return bins
@@ -210,7 +208,7 @@ def repair(prob: BalanceProblem, owners: np.ndarray, target: int) -> np.ndarray 
             return None
         loads -= int_loads(q[lifted], bins[lifted], d)
         if capped:
-            used -= int_loads(prob.sizes[lifted], bins[lifted], d)
+            used -= prob.bin_sizes(bins[lifted], lifted)
         bins[lifted] = -1
         lifted = lifted[np.lexsort((lifted, -q[lifted]))]
         try:
@@ -221,7 +219,7 @@ def repair(prob: BalanceProblem, owners: np.ndarray, target: int) -> np.ndarray 
         # Only the lifted items changed bins: update the loads, don't recount every item.
         loads += int_loads(q[lifted], bins[lifted], d)
         if capped:
-            used += int_loads(prob.sizes[lifted], bins[lifted], d)
+            used += prob.bin_sizes(bins[lifted], lifted)
     return None
 
 
@@ -266,19 +264,18 @@ def _select_lift(prob, bins, loads, used, over, pinned, target) -> np.ndarray | 
             where = np.arange(start[k], end[k])
             members = cand[where]
             ex = max(int(loads[b]) - target, 0)
-            size_ex = max(int(used[b]) - prob.cap, 0)
-            suff = (q[members] >= ex) & (prob.sizes[members] >= size_ex)
+            size_ex = np.maximum(used[b] - prob.cap, 0)  # (k,)
+            suff = (q[members] >= ex) & np.all(prob.sizes[members] >= size_ex, axis=1)
             if suff.any():
                 lift[where[np.flatnonzero(suff)[0]]] = True
                 continue
+            # Otherwise the costliest members, as many as the cost and every size need.
             desc = where[::-1]
-            k1 = int(np.searchsorted(np.cumsum(q[cand[desc]]), ex)) + 1 if ex > 0 else 0
-            k2 = (
-                int(np.searchsorted(np.cumsum(prob.sizes[cand[desc]]), size_ex)) + 1
-                if size_ex > 0
-                else 0
-            )
-            if max(k1, k2) > desc.size:
+            need = int(np.searchsorted(np.cumsum(q[cand[desc]]), ex)) + 1 if ex > 0 else 0
+            for c in np.flatnonzero(size_ex > 0).tolist():
+                csum = np.cumsum(prob.sizes[cand[desc], c])
+                need = max(need, int(np.searchsorted(csum, size_ex[c])) + 1)
+            if need > desc.size:
                 return None
-            lift[desc[: max(k1, k2)]] = True
+            lift[desc[:need]] = True
     return cand[lift]

@@ -29,8 +29,10 @@ class InfeasibleCapError(ValueError):
     Attributes:
         item: index of the item at fault, or None.
         label: its label (e.g. a sample id), or None.
-        size: its size.
-        cap: the cap.
+        size: its size, in the kind of size whose cap it breaks.
+        cap: the cap that cannot be met.
+        size_name: the name of that size (with several sizes, e.g. "vision tokens"), or None.
+        phase: the phase whose cap it is, set by the planner that raised it, or None.
     """
 
     def __init__(
@@ -40,12 +42,15 @@ class InfeasibleCapError(ValueError):
         label: str | None = None,
         size: int | None = None,
         cap: int | None = None,
+        size_name: str | None = None,
     ) -> None:
         super().__init__(message)
         self.item = item
         self.label = label
         self.size = size
         self.cap = cap
+        self.size_name = size_name
+        self.phase: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,7 @@ class BalanceResult:
     """The algorithm whose assignment was kept ("ordinary" if items stay with owners)."""
 
     sizes: np.ndarray | None = None
-    """(d,) summed size of each bin, when sizes were given."""
+    """(d,) summed size of each bin, when sizes were given; (d, k) for ``k`` sizes per item."""
 
     ordinary_loads: np.ndarray | None = None
     """(d,) loads if every item stayed with its owner; None without owners."""
@@ -203,10 +208,14 @@ class BalanceProblem:
     """(n,) the float64 costs as given, for the reported loads."""
 
     sizes: np.ndarray | None
-    """(n,) int64 sizes, when there is a cap; else None."""
+    """(n, k) int64 sizes (``k`` kinds of size per item, e.g. tokens of several phases), when
+    there is a cap; else None."""
 
-    cap: int | None
-    """Largest summed size of a bin; None for no cap."""
+    cap: np.ndarray | None
+    """(k,) int64 largest summed size of a bin in each kind; None for no cap."""
+
+    size_names: tuple[str, ...]
+    """(k,) how errors name each kind of size."""
 
     labels: Labels
     """Names items in errors."""
@@ -230,11 +239,21 @@ class BalanceProblem:
         costs: np.ndarray,
         num_bins: int,
         sizes: np.ndarray | None,
-        cap: int | None,
+        cap: int | Sequence[int] | None,
         labels: Labels,
         budget: WorkBudget,
+        size_names: Sequence[str] | None = None,
     ) -> "BalanceProblem":
         """Quantise ``costs`` and check the arguments.
+
+        Args:
+            costs: (n,) cost of each item.
+            num_bins: ``d``.
+            sizes: (n,) or (n, k) integer sizes of each item, for ``cap``.
+            cap: the largest summed size of a bin, one per kind of size (a number for one).
+            labels: names items in errors.
+            budget: work limits.
+            size_names: names each kind of size in errors; default "size".
 
         Raises:
             ValueError: bad arguments (no bins, a cap without sizes, mismatched shapes, costs
@@ -245,16 +264,24 @@ class BalanceProblem:
         if d <= 0:
             raise ValueError(f"num_bins must be positive, got {num_bins}")
         q, scale = quantize(costs)
-        s = None
+        s = caps = None
         if cap is not None:
             if sizes is None:
                 raise ValueError("a cap needs item sizes")
             s = np.asarray(sizes, dtype=np.int64)
-            if s.shape != q.shape:
-                raise ValueError(f"sizes has shape {s.shape}, costs {q.shape}")
-            cap = int(cap)
+            s = s[:, None] if s.ndim == 1 else s
+            caps = np.atleast_1d(np.asarray(cap, dtype=np.int64))
+            if s.shape != (q.size, caps.size):
+                raise ValueError(
+                    f"sizes has shape {np.shape(sizes)}, costs {q.shape} and cap {caps.shape}"
+                )
+        if size_names is None:
+            size_names = ("size",) * (1 if caps is None else caps.size)
+        names = tuple(size_names)
+        if caps is not None and len(names) != caps.size:
+            raise ValueError(f"size_names {names} does not name the {caps.size} sizes")
         c = np.asarray(costs, dtype=np.float64)
-        prob = cls(q, scale, d, c, s, cap, labels, budget, n=q.size)
+        prob = cls(q, scale, d, c, s, caps, names, labels, budget, n=q.size)
         prob.order = np.argsort(-q, kind="stable")
         prob.lb_q = _lower_bound_q(q[prob.order], d)
         if s is not None:
@@ -265,38 +292,71 @@ class BalanceProblem:
         """The name of item ``i`` in errors."""
         return item_label(self.labels, i)
 
+    def bin_sizes(self, bins: np.ndarray, items: np.ndarray | None = None) -> np.ndarray:
+        """(d, k) int64 summed sizes per bin of ``items`` (default all) placed in ``bins``.
+
+        ``bins`` gives the bin of each of ``items`` (of every item without ``items``).
+        """
+        sizes = self.sizes if items is None else self.sizes[items]
+        out = np.zeros((self.d, sizes.shape[1]), dtype=np.int64)
+        np.add.at(out, bins, sizes)
+        return out
+
+    def fits_in(self, used: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Whether adding ``sizes`` (..., k) to the summed sizes ``used`` (..., k) stays under
+        the cap in every kind: a boolean array of the broadcast shape without the last axis."""
+        return np.all(used + sizes <= self.cap, axis=-1)
+
+    def describe_size(self, size: np.ndarray) -> tuple[int, str]:
+        """The kind of ``size`` (k,) most over the cap (else the largest relative to it), as
+        (index, text): ``size 12`` for one unnamed kind, ``vision tokens 12`` for a named one."""
+        c = int(np.argmax(size - self.cap))
+        return c, f"{self.size_names[c]} {int(size[c])}"
+
     def check_cap(self) -> None:
         """Raise :class:`InfeasibleCapError` if no assignment can meet the cap, plainly."""
-        big = np.flatnonzero(self.sizes > self.cap)
+        over = self.sizes - self.cap
+        big = np.flatnonzero(over.max(axis=1) > 0)
         if big.size:
-            i = int(big[np.argmax(self.sizes[big])])
+            i = int(big[np.argmax(over[big].max(axis=1))])
+            c, text = self.describe_size(self.sizes[i])
             raise InfeasibleCapError(
-                f"{self.label(i)} has size {int(self.sizes[i])}, more than the per-bin cap "
-                f"{self.cap}: it can never fit (a unit is never split)",
+                f"{self.label(i)} has {text}, more than the per-bin cap {int(self.cap[c])}: it "
+                f"can never fit (an item is never split)",
                 item=i,
                 label=self.label(i),
-                size=int(self.sizes[i]),
-                cap=self.cap,
+                size=int(self.sizes[i, c]),
+                cap=int(self.cap[c]),
+                size_name=self.size_names[c],
             )
-        total = int(self.sizes.sum())
-        if total > self.d * self.cap:
+        total = self.sizes.sum(axis=0)
+        over = np.flatnonzero(total > self.d * self.cap)
+        if over.size:
+            c = int(over[0])
             raise InfeasibleCapError(
-                f"the items' total size {total} exceeds {self.d} bins x cap {self.cap}",
-                cap=self.cap,
+                f"the items' total {self.size_names[c]} {int(total[c])} exceeds {self.d} bins x "
+                f"cap {int(self.cap[c])}",
+                size=int(total[c]),
+                cap=int(self.cap[c]),
+                size_name=self.size_names[c],
             )
 
     def fits(self, bins: np.ndarray) -> bool:
         """Whether the assignment ``bins`` meets the cap (always, without one)."""
         if self.cap is None:
             return True
-        return bool(np.bincount(bins, weights=self.sizes, minlength=self.d).max() <= self.cap)
+        return bool(np.all(self.bin_sizes(bins) <= self.cap))
 
     def cap_error_for(self, bins: np.ndarray, what: str) -> InfeasibleCapError:
         """The error naming the fullest bin of ``bins``, which ``what`` produced."""
-        used = np.bincount(bins, weights=self.sizes, minlength=self.d)
-        b = int(np.argmax(used))
+        used = self.bin_sizes(bins)
+        b = int(np.argmax((used - self.cap).max(axis=1)))
+        c, text = self.describe_size(used[b])
         return InfeasibleCapError(
-            f"{what} puts {int(used[b])} in bin {b}, more than the cap {self.cap}", cap=self.cap
+            f"{what} puts {text} in bin {b}, more than the cap {int(self.cap[c])}",
+            size=int(used[b, c]),
+            cap=int(self.cap[c]),
+            size_name=self.size_names[c],
         )
 
     def max_q(self, bins: np.ndarray) -> int:

@@ -249,4 +249,8 @@ class ClusterSpec:
             ValueError: malformed JSON or config, naming the file.
         """
         with open(path, encoding="utf-8") as f:
-            return cls.from_json(json.load(f), where=os.fspath(path))
+            try:
+                obj = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_json(obj, where=os.fspath(path))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from orchestration.workload import SampleMeta, missing_encoder_error
 from orchestration.workload_spec import SampleStream
 from pipeweaver.checker import check
 from pipeweaver.generators import generate
@@ -84,19 +85,29 @@ def build_step(
 
     Raises:
         ModelConfigError: the config does not fit the cluster or its batch sizes.
-        WorkloadError: the workload cannot be read.
+        WorkloadError: the workload cannot be read, or has items for an encoder the model
+            lacks.
         ScheduleError: the placement or the schedule does not fit the model.
     """
     dp = spec.parallel.data(cluster.num_devices)
     pp = spec.parallel.pipeline
     m = spec.training.num_microbatches(dp)
     workload = workload or spec.training.workload
-    sample_of = SampleStream(
+    stream = SampleStream(
         workload,
         spec.training.workload_seed if seed is None else seed,
         spec.training.workload_token_scale if token_scale is None else token_scale,
-    ).meta
+    )
     encoders = list(spec.shape.encoders)
+
+    def sample_of(k: int) -> SampleMeta:
+        # The trainer stops on a sample its model cannot read: so does the step it predicts.
+        meta = stream.meta(k)
+        modality = meta.unencoded(encoders)
+        if modality is not None:
+            raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
+        return meta
+
     seq = spec.training.seq_length
     replicas = dp if replicas is None else max(1, min(replicas, dp))
     sub_tokens = encoder_sub_microbatch_tokens

@@ -38,6 +38,36 @@ def torchrun(nproc: int, script: str | Path, args: list[str], timeout: float = 2
     return run(torchrun_command(nproc, [str(script), *args]), timeout)
 
 
+def ranks(nproc: int, script: str | Path, args: list[str], timeout: float = 240):
+    """Start ``nproc`` ranks of ``script`` as torchrun would (same environment), but each on
+    its own: no rank is stopped because another failed, so each one's output is complete.
+
+    Returns:
+        One ``CompletedProcess`` per rank, in rank order.
+    """
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = _env()
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, str(script), *args]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    out = []
+    try:
+        for rank, proc in enumerate(procs):
+            stdout, stderr = proc.communicate(timeout=timeout)
+            out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"rank {rank} timed out after {timeout}s (deadlock?)") from e
+    finally:
+        for proc in procs:
+            proc.kill()
+    return out
+
+
 def main_job(nproc: int, args: list[str], timeout: float = 300):
     """The README's main job (scripts/pretrain_mllm_cpu.sh) with extra arguments."""
     env = _env()

@@ -1,15 +1,19 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Megatron's parser plus OrchWeave's flags, and the errors a bad layout gets."""
+"""Megatron's parser plus OrchWeave's flags, and the one error line every bad input gets."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
 
 import pytest
+from equivalence import VARIABLE_JSONL
 
+from megatron.mllm import distributed, logs, training
 from megatron.mllm.arguments import ConfigError, parse_arguments
 from megatron.mllm.run_config import OPTION_GROUPS, EncoderArgs, RunConfig
 
@@ -29,43 +33,6 @@ def test_megatron_flags_and_ours_parse_with_derived_defaults():
     assert args.audio_num_layers == 0
     assert args.padded_vocab_size == 512  # Megatron pads to a multiple of 128 x TP
     assert args.workload == "omni-three-modality" and args.workload_seed == args.seed
-
-
-@pytest.mark.parametrize(
-    "flags,world,message",
-    [
-        (
-            ["--pipeline-model-parallel-size", "2"],
-            3,
-            r"--pipeline-model-parallel-size 2 .* " r"does not divide the world size 3",
-        ),
-        (
-            ["--tensor-model-parallel-size", "4"],
-            2,
-            r"--tensor-model-parallel-size 4 .*world size 2",
-        ),
-        (
-            ["--pipeline-model-parallel-size", "3"],
-            3,
-            r"--num-layers 4 is not divisible by " r"--pipeline-model-parallel-size 3",
-        ),
-        (
-            ["--global-batch-size", "6"],
-            2,
-            r"--global-batch-size 6 is not a multiple of "
-            r"--micro-batch-size 2 x data-parallel size 2",
-        ),
-        (
-            ["--vision-num-attention-heads", "5"],
-            1,
-            r"--vision-hidden-size 64 is not divisible by " r"--vision-num-attention-heads 5",
-        ),
-        (["--workload-token-scale", "0"], 1, r"--workload-token-scale must be positive"),
-    ],
-)
-def test_bad_layouts_and_flags_name_the_flags(flags, world, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_arguments([*BASE, *flags], world)
 
 
 def test_the_typed_run_config_carries_every_flag():
@@ -102,36 +69,122 @@ def test_the_typed_run_config_carries_every_flag():
     assert "Hidden classes of synthetic images/audio" in help_text
 
 
-@pytest.mark.parametrize(
-    "flags,message",
-    [
-        (["--lr-warmup-iters", "3"], r"--lr-warmup-iters 3 must be smaller than the decay"),
-        (
-            ["--max-position-embeddings", "64"],
-            r"Megatron's argument validation failed: "
-            r"max_position_embeddings \(64\) must be greater than or equal to seq_length",
-        ),
-        (
-            ["--fp16", "--bf16"],
-            r"Megatron's argument validation failed: assert not args\.bf16 \(arguments\.py:\d+\)",
-        ),
-        (["--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "3"],
-         r"--gpus-per-node 3 does not divide the data-parallel size 2"),  # fmt: skip
-        (["--post-balance-token-caps", "video=10"], r"expected PHASE=TOKENS"),
-        (["--step-prediction"], r"--step-prediction .* needs --timing-log-level 1 or 2"),
-        (["--profile-trace", "t.json"], r"--profile-trace needs --profile"),
-        (["--cost-calibration", "nowhere.json"],
-         r"--cost-calibration nowhere.json: calibration file not found"),  # fmt: skip
-        (["--profile", "--train-iters", "5"], r"--profile-step-end 12 is past --train-iters 5"),
-        (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"],
-         r"--profile-step-start 3 must be >= 0 and below --profile-step-end 3"),  # fmt: skip
-        (["--profile", "--profile-step-start", "0", "--profile-step-end", "1", "--profile-ranks",
-          "2"], r"--profile-ranks 2 is not a rank of this 2-rank run"),  # fmt: skip
-    ],
-)
-def test_bad_flags_are_config_errors_not_tracebacks(flags, message):
-    with pytest.raises(ConfigError, match=message):
-        parse_arguments([*BASE, *flags], 2)
+HUGE = 10**20
+"""A token count no int64 holds."""
+
+BAD_INPUT = [
+    # (flags, world size, what the one error line must name)
+    (["--pipeline-model-parallel-size", "2"], 3,
+     r"--pipeline-model-parallel-size 2 .* does not divide the world size 3"),
+    (["--tensor-model-parallel-size", "4"], 2, r"--tensor-model-parallel-size 4 .*world size 2"),
+    (["--pipeline-model-parallel-size", "3"], 3,
+     r"--num-layers 4 is not divisible by --pipeline-model-parallel-size 3"),
+    (["--global-batch-size", "6"], 2,
+     r"--global-batch-size 6 is not a multiple of --micro-batch-size 2 x data-parallel size 2"),
+    (["--vision-num-attention-heads", "5"], 1,
+     r"--vision-hidden-size 64 is not divisible by --vision-num-attention-heads 5"),
+    (["--num-attention-heads", "7"], 1,
+     r"--hidden-size 64 is not divisible by --num-attention-heads 7"),
+    (["--workload-token-scale", "0"], 1, r"--workload-token-scale must be positive"),
+    (["--lr-warmup-iters", "3"], 2,
+     r"--lr-warmup-iters 3 must be smaller than the decay iterations \(--train-iters 3\)"),
+    (["--lr-warmup-fraction", "1.0"], 1, r"--lr-warmup-fraction 1.0 must be >= 0 and below 1"),
+    (["--train-iters", "0"], 1, r"--train-iters 0 must be positive"),
+    (["--lr-warmup-init", "0.1"], 1, r"--lr-warmup-init 0.1 must be <= --lr 0.001"),
+    (["--start-weight-decay", "0.1", "--end-weight-decay", "0.01", "--weight-decay-incr-style",
+      "linear"], 1, r"--end-weight-decay 0.01 must be >= --start-weight-decay 0.1"),
+    (["--max-position-embeddings", "64"], 2,
+     r"Megatron's argument validation failed: "
+     r"max_position_embeddings \(64\) must be greater than or equal to seq_length"),
+    (["--fp16", "--bf16"], 2,
+     r"Megatron's argument validation failed: assert not args\.bf16 \(arguments\.py:\d+\)"),
+    (["--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "3"], 2,
+     r"--gpus-per-node 3 does not divide the data-parallel size 2"),
+    (["--post-balance", "auto", "--post-balance-token-caps", "video=10"], 2,
+     r"--post-balance-token-caps: expected PHASE=TOKENS"),
+    (["--post-balance", "auto", "--post-balance-token-caps", "llm=10", "llm=20"], 2,
+     r"--post-balance-token-caps: llm is capped twice"),
+    (["--post-balance-token-caps", "llm=10"], 2,
+     r"--post-balance-token-caps caps what balancing gives a rank: it needs --post-balance"),
+    (["--step-prediction"], 2, r"--step-prediction .* needs --timing-log-level 1 or 2"),
+    (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),
+    (["--cost-calibration", "nowhere.json"], 2,
+     r"--cost-calibration nowhere.json: calibration file not found"),
+    (["--profile", "--train-iters", "5"], 2, r"--profile-step-end 12 is past --train-iters 5"),
+    (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"], 2,
+     r"--profile-step-start 3 must be >= 0 and below --profile-step-end 3"),
+    (["--profile", "--profile-step-start", "0", "--profile-step-end", "1", "--profile-ranks",
+      "2"], 2, r"--profile-ranks 2 is not a rank of this 2-rank run"),
+    # Tensor parallelism: the flag at fault, not megatron-core's field.
+    (["--tensor-model-parallel-size", "2", "--num-attention-heads", "1",
+      "--vision-num-attention-heads", "4", "--audio-num-attention-heads", "4"], 2,
+     r"--num-attention-heads 1 is not divisible by --tensor-model-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--vision-num-attention-heads", "1"], 2,
+     r"--vision-num-attention-heads 1 is not divisible by --tensor-model-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--audio-num-attention-heads", "1"], 2,
+     r"--audio-num-attention-heads 1 is not divisible by --tensor-model-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "33"], 2,
+     r"--ffn-hidden-size 33 is not divisible by --tensor-model-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--vision-ffn-hidden-size", "33"], 2,
+     r"--vision-ffn-hidden-size 33 is not divisible by --tensor-model-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--group-query-attention", "--num-query-groups", "3",
+      "--num-attention-heads", "6", "--hidden-size", "60", "--vision-num-attention-heads", "4",
+      "--audio-num-attention-heads", "4", "--vision-hidden-size", "64",
+      "--audio-hidden-size", "64"], 2,
+     r"--num-query-groups 3 must be a multiple or a divisor of --tensor-model-parallel-size 2"),
+    # The workload against the model, read before any process group starts.
+    (["--vision-num-layers", "0"], 2,
+     r"sample 'omni-three-modality-1234-\d+' \(stream index \d+\) has image items but the "
+     r"model has no vision encoder \(--vision-num-layers is 0\)"),
+    (["--audio-num-layers", "0", "--workload", "{variable}", "--workload-token-scale", "1"], 2,
+     r"sample 'img-e' \(stream index 4\) has audio items but the model has no audio encoder "
+     r"\(--audio-num-layers is 0\)"),
+    (["--workload", "{huge_text}", "--workload-token-scale", "1"], 2,
+     r"huge_text.jsonl:2 \(sample 'big'\): 'text_tokens' must be an int in \[0, 2147483647\]"),
+    (["--workload", "{huge_unit}", "--workload-token-scale", "1"], 2,
+     r"huge_unit.jsonl:2 \(sample 'big'\)\.image\[0\]\.units: 100000000000000000000 is more "
+     r"than 2147483647 tokens"),
+    (["--workload-token-scale", "1e300"], 2,
+     r"omni-three-modality: max_sequence_tokens: 8192 tokens x token scale 1e\+300 is more than"),
+    (["--workload", "{missing}"], 2, r"workload file not found: .*missing.jsonl"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workload_files(tmp_path_factory):
+    """Workload files of the bad-input cases, by placeholder."""
+    root = tmp_path_factory.mktemp("workloads")
+    fine = json.dumps({"id": "fine", "text_tokens": 5})
+    files = {
+        "huge_text": f'{fine}\n{{"id": "big", "text_tokens": {HUGE}}}\n',
+        "huge_unit": f'{fine}\n{{"id": "big", "text_tokens": 5, "image": '
+        f'[{{"units": [{HUGE}], "llm_tokens": 4}}]}}\n',
+        "variable": VARIABLE_JSONL,
+    }
+    out = {"missing": str(root / "missing.jsonl")}
+    for name, text in files.items():
+        (root / f"{name}.jsonl").write_text(text)
+        out[name] = str(root / f"{name}.jsonl")
+    return out
+
+
+@pytest.mark.parametrize("flags,world,culprit", BAD_INPUT)
+def test_bad_input_stops_the_trainer_with_one_error_line_naming_it(
+    flags, world, culprit, workload_files, monkeypatch, capsys
+):
+    # In process, as every rank runs it: each of these is found before any process group
+    # starts, the same way on every rank (one case runs on 2 ranks in test_training.py).
+    def no_process_groups(run):
+        raise AssertionError("the check ran after distributed init")
+
+    monkeypatch.setattr(distributed, "initialize_distributed", no_process_groups)
+    monkeypatch.setattr(logs, "configure", lambda level: None)
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    argv = [*BASE, *(f.format(**workload_files) for f in flags)]
+    assert training.main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert re.search(culprit, errors[0]), errors[0]
 
 
 def test_the_distributed_timeout_takes_fractions_of_a_minute_and_must_be_positive():

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from equivalence import TINY, assert_equivalent, variable_workload
-from launch import REPO, free_port, torchrun
+from launch import REPO, free_port, ranks
 
 pytestmark = pytest.mark.multiproc
 
@@ -47,14 +48,34 @@ def test_ranks_that_load_different_metadata_fail_with_a_digest_error():
         assert "error: balance plan digest differs across ranks [1] vs rank 0" in err, err[-3000:]
 
 
-def test_an_item_larger_than_its_cap_names_the_sample(tmp_path):
-    proc = torchrun(
+@pytest.mark.parametrize(
+    "pp,culprit",
+    [
+        # Per phase (PP = 1): the unit is the vision phase's item.
+        (1, r"vision unit 0 of sample 'img-e' \(DP rank 0, position 2, stream index 4\) has size "
+            r"64, more than the per-bin cap 50"),
+        # Whole samples (PP = 2, one DP group): the sample with the most vision tokens.
+        (2, r"sample 'img-b' \(DP rank 0, position 1, stream index 1\) has vision tokens 90, "
+            r"more than the per-bin cap 50"),
+    ],
+)  # fmt: skip
+def test_an_item_larger_than_its_cap_stops_every_rank_naming_flag_and_sizes(tmp_path, pp, culprit):
+    # Each rank on its own (not torchrun, which kills the others once one fails): every rank
+    # must print the line itself.
+    procs = ranks(
         2,
         REPO / "scripts" / "pretrain_mllm.py",
         [*TINY, *variable_workload(tmp_path), "--post-balance", "auto",
+         "--pipeline-model-parallel-size", str(pp),
          "--post-balance-token-caps", "vision=50"],  # fmt: skip
         timeout=180,
     )
-    assert proc.returncode != 0
-    assert "img-e" in proc.stderr and "50" in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.count("error:") == 2, "both ranks must stop with the error"
+    lines = []
+    for proc in procs:
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, proc.stderr[-3000:]
+        lines.append(errors[0])
+    assert lines[0] == lines[1]
+    assert lines[0].startswith("error: --post-balance-token-caps vision=50: "), lines[0]
+    assert re.search(culprit, lines[0]), lines[0]

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from equivalence import TINY, assert_equivalent
-from launch import REPO, check, main_job, torchrun
+from launch import REPO, check, main_job, ranks, torchrun
 
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
@@ -138,12 +139,21 @@ def test_sample_longer_than_seq_length_fails_every_rank_with_its_name():
     assert f"more than --seq-length {limit}" in proc.stderr
 
 
-def test_missing_workload_file_is_a_clear_error(tmp_path):
-    proc = torchrun(
-        1,
-        REPO / "scripts" / "pretrain_mllm.py",
-        [*TINY, "--workload", str(tmp_path / "nope.json")],
-        timeout=180,
-    )
-    assert proc.returncode != 0
-    assert f"error: workload spec not found: {tmp_path / 'nope.json'}" in proc.stderr
+def test_an_error_found_before_the_process_groups_stops_every_rank_alike():
+    # Every rank reads the workload before distributed init and finds the same first sample
+    # (test_arguments.py runs the other such checks in process). The ranks run on their own:
+    # under torchrun the first to fail gets the others killed, often before they print.
+    procs = ranks(2, REPO / "scripts" / "pretrain_mllm.py", [*TINY, "--vision-num-layers", "0"])
+    lines = []
+    for proc in procs:
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, proc.stderr[-3000:]
+        lines.append(errors[0])
+    assert lines[0] == lines[1]
+    assert re.fullmatch(
+        r"error: sample 'omni-three-modality-1234-\d+' \(stream index \d+\) has image items but "
+        r"the model has no vision encoder \(--vision-num-layers is 0\)",
+        lines[0],
+    ), lines[0]

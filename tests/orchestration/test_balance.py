@@ -279,6 +279,76 @@ def test_one_item_larger_than_the_cap_names_it():
         )
 
 
+def _caps_met_by_some_assignment(sizes: np.ndarray, d: int, caps: np.ndarray) -> bool:
+    """Brute force over every assignment (small n and d only)."""
+    n = sizes.shape[0]
+    assign = np.array(list(itertools.product(range(d), repeat=n)))  # (d**n, n)
+    onehot = assign[:, :, None] == np.arange(d)[None, None, :]  # (A, n, d)
+    used = np.einsum("anb,nk->abk", onehot, sizes)
+    return bool(np.any(np.all(used <= caps, axis=(1, 2))))
+
+
+@pytest.mark.parametrize("alg", PACKED)
+def test_a_cap_of_the_second_kind_moves_an_item_off_the_lightest_bin(alg):
+    # By cost alone the two small items would share bin 1; their second kind of size fills it.
+    sizes = np.array([[1, 0], [1, 10], [1, 10]])
+    res = balance(np.array([10.0, 1.0, 1.0]), 2, algorithm=alg, sizes=sizes, cap=[5, 10])
+    assert res.sizes.tolist() in ([[2, 10], [1, 10]], [[1, 10], [2, 10]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 50), st.integers(0, 20), st.integers(0, 20)),
+        min_size=1,
+        max_size=7,
+    ),
+    st.integers(1, 3),
+    st.integers(1, 40),
+    st.integers(1, 40),
+    st.sampled_from(PACKED),
+)
+def test_several_caps_are_all_respected_or_the_error_names_the_kind(triples, d, cap_a, cap_b, alg):
+    # Whole samples carry tokens of every phase: each bin must stay under every phase's cap.
+    costs = np.array([float(c) for c, _, _ in triples])
+    sizes = np.array([[a, b] for _, a, b in triples])
+    caps = np.array([cap_a, cap_b])
+    names = ["vision tokens", "llm tokens"]
+    labels = [f"sample-{i}" for i in range(len(triples))]
+    try:
+        res = balance(
+            costs, d, algorithm=alg, sizes=sizes, cap=caps, size_names=names, labels=labels
+        )
+    except InfeasibleCapError as e:
+        msg = str(e)
+        assert e.size_name in names and e.cap == caps[names.index(e.size_name)]
+        if np.any(sizes > caps):
+            over = sizes - caps
+            i = int(np.argmax(over.max(axis=1)))
+            assert e.label == labels[i] and f"{labels[i]} has {e.size_name}" in msg
+            assert "more than the per-bin cap" in msg
+        elif np.any(sizes.sum(axis=0) > d * caps):
+            assert "exceeds" in msg
+        else:
+            assert "could not fit" in msg and e.label in msg
+            if alg in ("exact", "auto"):  # the exact search finds any packing there is
+                assert not _caps_met_by_some_assignment(sizes, d, caps)
+        return
+    used = np.zeros((d, 2), dtype=np.int64)
+    np.add.at(used, res.bins, sizes)
+    assert np.all(used <= caps)
+    np.testing.assert_array_equal(res.sizes, used)
+    # One kind of size as a column is the same problem as the plain (n,) sizes.
+    outcomes = []
+    for kind_sizes, kind_cap in ((sizes[:, 0], cap_a), (sizes[:, :1], [cap_a])):
+        try:
+            r = balance(costs, d, algorithm=alg, sizes=kind_sizes, cap=kind_cap, labels=labels)
+            outcomes.append((r.bins.tolist(), r.sizes.reshape(-1).tolist()))
+        except InfeasibleCapError as e:
+            outcomes.append(str(e))
+    assert outcomes[0] == outcomes[1]
+
+
 # --------------------------------------------------------------------------------------------
 # Padded cost
 

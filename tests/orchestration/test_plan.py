@@ -28,13 +28,14 @@ from orchestration.metadata import (
     check_digests,
     encode_rank_metadata,
     phase_items,
+    sample_encoder_tokens,
 )
 from orchestration.microbatches import form_microbatches
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.phase_plan import plan_iteration
 from orchestration.routing import Route, row_index
 from orchestration.sample_plan import plan_whole_samples
-from orchestration.workload import Item, SampleMeta
+from orchestration.workload import Item, SampleMeta, WorkloadError
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -280,8 +281,12 @@ def test_cap_too_small_names_the_sample():
 
 def test_data_with_a_phase_the_model_lacks_is_a_clear_error():
     text_only = CostModel.build(ModelShape(llm=_shape().llm))
-    with pytest.raises(PlanError, match="no vision encoder"):
+    with pytest.raises(WorkloadError, match=r"has (image|audio) items but the model has no"):
         plan_iteration(_generated(2, 4), text_only)
+    with pytest.raises(
+        WorkloadError, match=r"'omni-three-modality-0-0' \(DP rank 0, .*-num-layers"
+    ):
+        plan_whole_samples(_generated(2, 4), text_only)
 
 
 def test_padded_phase_uses_the_exact_padded_algorithm():
@@ -322,6 +327,48 @@ def test_whole_sample_plan_with_a_static_stage_layout():
         plan_whole_samples(
             ranks, COST, stage_shares={"vision": [1.0], "audio": [1.0, 0], "llm": [1.0]}
         )
+
+
+def _group_tokens(plan, md) -> dict[str, np.ndarray]:
+    """Per phase, each group's summed tokens under ``plan``."""
+    tokens = {p: sample_encoder_tokens(md, p) for p in ("vision", "audio")}
+    tokens["llm"] = md.sample_llm
+    return {
+        p: np.bincount(plan.dispatch.dst, weights=t, minlength=plan.num_groups)
+        for p, t in tokens.items()
+    }
+
+
+@pytest.mark.parametrize("shares", [None, {"vision": [1, 0], "audio": [1, 0], "llm": [0.5, 0.5]}])
+def test_whole_sample_plans_honour_every_phase_cap(shares):
+    # PP > 1: the caps of --post-balance-token-caps bound each DP group's batch in every phase.
+    ranks = _generated(4, 8)
+    md = GatheredMetadata.from_rank_samples(ranks)
+    free = _group_tokens(plan_whole_samples(ranks, COST, stage_shares=shares), md)
+    # Below what the uncapped plan gives the fullest group, in two phases at once.
+    caps = {"audio": int(free["audio"].max()) - 1, "llm": int(free["llm"].max()) - 5}
+    plan = plan_whole_samples(ranks, COST, caps=caps, stage_shares=shares)
+    got = _group_tokens(plan, md)
+    for phase, cap in caps.items():
+        assert got[phase].max() <= cap < free[phase].max(), phase
+
+
+def test_whole_sample_caps_that_cannot_be_met_name_the_phase_and_the_sizes():
+    ranks = _generated(4, 8)
+    md = GatheredMetadata.from_rank_samples(ranks)
+    vision = sample_encoder_tokens(md, "vision")
+    big = int(np.argmax(vision))
+    with pytest.raises(InfeasibleCapError) as e:
+        plan_whole_samples(ranks, COST, caps={"vision": int(vision[big]) - 1, "llm": 10**6})
+    assert e.value.phase == "vision" and e.value.cap == vision[big] - 1
+    assert str(e.value).startswith(
+        f"{md.sample_label(big)} has vision tokens {vision[big]}, more than the per-bin cap "
+        f"{vision[big] - 1}"
+    )
+    total = int(md.sample_llm.sum())
+    with pytest.raises(InfeasibleCapError, match=f"total llm tokens {total} exceeds 4 bins") as e:
+        plan_whole_samples(ranks, COST, caps={"llm": total // 4 - 1})
+    assert e.value.phase == "llm"
 
 
 # --------------------------------------------------------------------------------------------

@@ -193,6 +193,8 @@ def calibrate(
         threads,
         max_tokens,
     )
+    if "layers" in stages:
+        _check_grid(plan, loaded.run.seq_length)
     log = log or (lambda line: None)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     previous = torch.get_num_threads()
@@ -206,6 +208,21 @@ def calibrate(
     finally:
         torch.set_num_threads(previous)
     return cal
+
+
+def _check_grid(plan: _Plan, seq_length: int) -> None:
+    """Every module gets grid points to fit (``_layers`` measures them)."""
+    if not grid_points(plan.lengths, plan.packs, plan.max_tokens):
+        smallest = min(plan.lengths) * min(plan.packs)
+        raise ConfigError(
+            f"--max-tokens {plan.max_tokens} leaves no grid point: the smallest is --lengths "
+            f"{min(plan.lengths)} x --packs {min(plan.packs)} = {smallest} tokens"
+        )
+    if "llm" in plan.modules and min(plan.lengths) > seq_length:
+        raise ConfigError(
+            f"--lengths {','.join(map(str, plan.lengths))}: the LLM measures only lengths up to "
+            f"the model's --seq-length {seq_length}, and none is"
+        )
 
 
 def _in_process(

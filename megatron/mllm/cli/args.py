@@ -20,6 +20,10 @@ from megatron.mllm.cli.launch import REPO
 EXIT_ERROR = 2
 """Exit status for every user error, as argparse uses for bad arguments."""
 
+MAX_GENERATED_SAMPLES = 1_000_000
+"""The most samples a tool draws from a workload spec for one report: minutes of generating
+(hundreds of microseconds each); a larger count is an error, not a run that never ends."""
+
 
 def program_name() -> str:
     """The tool's name in its usage line: as the user ran it.
@@ -67,12 +71,16 @@ def report_error(message: str) -> int:
     return EXIT_ERROR
 
 
-def number(kind: type[int] | type[float], *, zero: bool = False) -> Callable[[str], int | float]:
-    """An ``argparse`` type: a finite ``kind`` > 0 (``>= 0`` with ``zero``).
+def number(
+    kind: type[int] | type[float], *, zero: bool = False, most: int | float | None = None
+) -> Callable[[str], int | float]:
+    """An ``argparse`` type: a finite ``kind`` > 0 (``>= 0`` with ``zero``, ``<= most`` with
+    ``most``).
 
     Args:
         kind: ``int`` or ``float``.
         zero: accept 0 too.
+        most: the largest value accepted.
 
     Returns:
         The parser of one argument; a bad one raises ``argparse.ArgumentTypeError`` saying
@@ -81,14 +89,17 @@ def number(kind: type[int] | type[float], *, zero: bool = False) -> Callable[[st
     noun = "integer" if kind is int else "number"
     article = "an" if kind is int else "a"
     expected = f"{article} {noun} >= 0" if zero else f"a positive {noun}"
+    if most is not None:
+        expected += f" and at most {most:,}"
+    top = float("inf") if most is None else most
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        # Written so that NaN fails both comparisons.
-        if not ((value >= 0 if zero else value > 0) and value < float("inf")):
+        # Written so that NaN fails every comparison.
+        if not ((value >= 0 if zero else value > 0) and value < float("inf") and value <= top):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 

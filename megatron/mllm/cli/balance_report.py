@@ -67,7 +67,13 @@ import json
 from typing import Any, Sequence
 
 from megatron.mllm.arguments import ONE_REPLICA, ConfigError
-from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
+from megatron.mllm.cli.args import (
+    MAX_GENERATED_SAMPLES,
+    ToolParser,
+    number,
+    quiet_config_files,
+    report_error,
+)
 from megatron.mllm.cli.progress import add_no_progress_flag, progress
 from orchestration.balance import InfeasibleCapError
 from orchestration.balance_report import compare_algorithms
@@ -106,10 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC_OR_JSONL",
         help="a spec file, a built-in spec name, or a .jsonl file of sample metadata",
     )
-    p.add_argument("--dp", type=number(int), required=True, help="data-parallel ranks")
+    p.add_argument(
+        "--dp", type=number(int, most=MAX_GENERATED_SAMPLES), required=True,
+        help="data-parallel ranks",
+    )  # fmt: skip
     p.add_argument(
         "--samples-per-rank",
-        type=number(int),
+        type=number(int, most=MAX_GENERATED_SAMPLES),
         default=8,
         help="samples each DP rank loads (default 8)",
     )
@@ -124,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--token-scale",
-        type=float,
+        type=number(float),
         default=None,
         help="scale every token count (spec only; default: the model config's)",
     )
@@ -199,7 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0, or 2 on a user error.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.dp * args.samples_per_rank > MAX_GENERATED_SAMPLES:
+        parser.error(
+            f"--dp {args.dp} x --samples-per-rank {args.samples_per_rank} is more than "
+            f"{MAX_GENERATED_SAMPLES:,} samples"
+        )
     configs = quiet_config_files()
     try:
         # One model replica: the report's DP is --dp, not the config's layout.
@@ -210,8 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The config's scale is for its generated workload; a JSONL file is not scaled.
             scaled = not SampleStream.is_metadata_file(args.source)
             token_scale = model.run.workload.workload_token_scale if scaled else 1.0
-        if not token_scale > 0:
-            raise ValueError(f"--token-scale must be positive, got {token_scale}")
         calib = Calibration.load(args.calibration) if args.calibration else None
         report = compare_algorithms(
             SampleStream(args.source, seed=args.seed, token_scale=token_scale),

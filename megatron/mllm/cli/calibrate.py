@@ -24,12 +24,10 @@ import sys
 from megatron.mllm import logs
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.calibration import DEFAULT_MODEL, DEFAULT_WORKLOADS, STAGES, calibrate
+from megatron.mllm.cli.args import ToolParser, number, report_error
 from megatron.mllm.cli.progress import add_no_progress_flag, echo
 from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadError
-
-EXIT_ERROR = 2
-"""Exit status of a user error (as argparse's)."""
 
 
 def _ints(text: str) -> list[int]:
@@ -50,11 +48,13 @@ def _names(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``tools/calibrate.py``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ToolParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model config (trainer flags)")
     parser.add_argument("--output", default="calibration.json", help="where to write the JSON")
     parser.add_argument("--quick", action="store_true", help="tiny grid (tests)")
-    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per point")
+    parser.add_argument(
+        "--reps", type=number(int), default=None, help="timed repetitions per point"
+    )
     parser.add_argument(
         "--lengths", type=_ints, default=None, help="sequence lengths, e.g. 16,64,256"
     )
@@ -63,11 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--modules", type=_names, default=None, help="subset, e.g. llm,vision")
     parser.add_argument(
-        "--max-tokens", type=int, default=2048, help="largest grid point (tokens in one call)"
+        "--max-tokens",
+        type=number(int),
+        default=2048,
+        help="largest grid point (tokens in one call)",
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=number(int),
         default=int(os.environ.get("SEMU_CALIBRATION_THREADS", "1")),
         help="torch threads per process (the main job runs OMP_NUM_THREADS=1 per rank)",
     )
@@ -121,13 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cal = calibrate(model, **options, log=echo)
     except (ConfigError, WorkloadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(str(e))
     try:
         cal.save(output)
     except OSError as e:
-        print(f"error: cannot write {output}: {e.strerror}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(f"cannot write {output}: {e.strerror}")
     print(f"wrote {output}: {cal.device}")
     for line in summary(cal):
         print(line)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatron.mllm.cli.args import ToolParser, number, report_error
 from megatron.mllm.explain import (
     ExplainError,
     format_comparison,
@@ -33,11 +34,14 @@ from megatron.mllm.explain import (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchweave-explain-step", description=__doc__.split("\n\n")[0])
+    p = ToolParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="metrics JSONL or profile trace of the run to explain")
     p.add_argument("--baseline", help="the same data under the mode RUN is compared against")
-    p.add_argument("--skip", type=int, default=1, help="warm-up iterations left out (default 1)")
-    p.add_argument("--top", type=int, default=12, help="rows of each table (default 12)")
+    p.add_argument(
+        "--skip", type=number(int, zero=True), default=1,
+        help="warm-up iterations left out (default 1)",
+    )  # fmt: skip
+    p.add_argument("--top", type=number(int), default=12, help="rows of each table (default 12)")
     return p
 
 
@@ -57,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lines = explain(args.run, args.baseline, args.skip, args.top)
     except ExplainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(str(e))
     print("\n".join(lines))
     return 0
 

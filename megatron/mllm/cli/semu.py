@@ -45,10 +45,10 @@ import json
 import time
 from typing import Any, Sequence
 
-from megatron.mllm.cli.args import ToolParser, quiet_config_files, report_error
+from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
 from orchestration.calibration import Calibration
 from orchestration.workload import WorkloadError
-from pipeweaver.ir import ScheduleError
+from pipeweaver.ir import MODULES, ScheduleError
 from pipeweaver.semu import trace
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.scenario import PLACEMENTS, SCHEDULES, build_step, placement_kind
@@ -89,7 +89,43 @@ def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
     text = args.chunks_per_rank
     if text is None or placement_kind(args.schedule, args.placement) == "baseline":
         return None
-    return {mod: int(v) for mod, v in _kv(text, "--chunks-per-rank").items()}
+    out = {}
+    for mod, v in _kv(text, "--chunks-per-rank").items():
+        if mod not in MODULES:
+            raise ValueError(f"--chunks-per-rank: unknown module {mod!r}; modules are {MODULES}")
+        if not v.isdigit() or int(v) < 1:
+            raise ValueError(f"--chunks-per-rank: {mod}={v} is not a positive integer")
+        out[mod] = int(v)
+    return out
+
+
+def load_balancer_bytes(path: str, dp: int) -> dict[str, Any]:
+    """``--balancer-bytes``: per phase, bytes per device or a DP x DP matrix of bytes.
+
+    Raises:
+        ValueError: naming the file and the phase at fault.
+        OSError: the file cannot be read.
+    """
+    with open(path, encoding="utf-8") as f:
+        try:
+            obj = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object of phase -> bytes")
+
+    def is_bytes(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
+
+    for phase, volume in obj.items():
+        matrix = isinstance(volume, list) and len(volume) == dp
+        matrix = matrix and all(isinstance(r, list) and len(r) == dp for r in volume)
+        if not (is_bytes(volume) or (matrix and all(is_bytes(x) for r in volume for x in r))):
+            raise ValueError(
+                f"{path}: {phase!r} must be bytes per device (a number >= 0) or a {dp} x {dp} "
+                f"matrix of them (the data-parallel size)"
+            )
+    return obj
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,9 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="model config (path or name)")
     parser.add_argument("--cluster", required=True, help="cluster config (path or name)")
     parser.add_argument("--workload", help="workload spec or JSONL (default: the model config's)")
-    parser.add_argument("--seed", type=int, help="workload seed (default: the config's)")
-    parser.add_argument("--token-scale", type=float, help="workload token scale")
-    parser.add_argument("--iteration", type=int, default=0, help="which step of the stream")
+    parser.add_argument(
+        "--seed", type=number(int, zero=True), help="workload seed (default: the config's)"
+    )
+    parser.add_argument("--token-scale", type=number(float), help="workload token scale")
+    parser.add_argument(
+        "--iteration", type=number(int, zero=True), default=0, help="which step of the stream"
+    )
     parser.add_argument(
         "--schedule",
         default="megatron",
@@ -111,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
     parser.add_argument(
         "--encoder-sub-microbatch-tokens",
-        type=int,
+        type=number(int, zero=True),
         help="encoder tokens per sub-microbatch, as the trainer's flag (default: the model "
         "config's, else one sub per encoder and microbatch)",
     )
@@ -130,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a model flag, e.g. --set pipeline-model-parallel-size=2",
     )
     parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py)")
-    parser.add_argument("--replicas", type=int, help="simulate only this many DP replicas")
+    parser.add_argument("--replicas", type=number(int), help="simulate only this many DP replicas")
     parser.add_argument(
         "--balancer-bytes", help="JSON: phase -> bytes per device or DP x DP matrix"
     )
@@ -177,8 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         balancer = None
         if args.balancer_bytes:
-            with open(args.balancer_bytes, encoding="utf-8") as f:
-                balancer = json.load(f)
+            balancer = load_balancer_bytes(args.balancer_bytes, info["dp"])
         semu = Semu(spec, cluster, calibration, reuse=not args.no_reuse)
         t0 = time.perf_counter()
         result = semu.simulate_step(schedules, mbs, balancer_bytes=balancer)
@@ -187,10 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_error(str(e))
     except OSError as e:
         return report_error(f"{e.filename}: {e.strerror}")
-    if args.trace:
-        trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
-    if args.png:
-        try:
+    try:
+        if args.trace:
+            trace.write_chrome_trace(result, args.trace, name=f"{spec.name} {info['schedule']}")
+        if args.png:
             trace.write_png(
                 result,
                 args.png,
@@ -198,8 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{result.step_time_s * 1e3:.1f} ms, bubble {result.bubble_ratio:.1%}, "
                 f"MFU {result.mfu:.1%}",
             )
-        except ImportError as e:  # matplotlib is optional
-            return report_error(str(e))
+    except ImportError as e:  # matplotlib is optional
+        return report_error(str(e))
+    except OSError as e:
+        return report_error(f"cannot write {e.filename}: {e.strerror}")
     if args.json:
         print(json.dumps({**result.to_json(), "config": info}))
     else:

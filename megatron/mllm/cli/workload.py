@@ -38,7 +38,7 @@ import os
 import sys
 from typing import Callable, Sequence, TextIO
 
-from megatron.mllm.cli.args import ToolParser, number, report_error
+from megatron.mllm.cli.args import MAX_GENERATED_SAMPLES, ToolParser, number, report_error
 from orchestration.workload import WorkloadError, write_jsonl
 from orchestration.workload_report import DEFAULT_NUM_SAMPLES, format_report, workload_report
 from orchestration.workload_spec import SampleStream
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-samples",
-        type=number(int),
+        type=number(int, most=MAX_GENERATED_SAMPLES),
         help=f"samples to generate from a spec (default {DEFAULT_NUM_SAMPLES}) or to read "
         "from the start of a JSONL file (default all)",
     )

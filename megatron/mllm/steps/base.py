@@ -19,8 +19,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from megatron.mllm.arguments import ConfigError
 from megatron.mllm.data import LoadedMicrobatch
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
+from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
@@ -183,6 +185,23 @@ class BalancedStep(TrainingStep):
         if self.balance.node_wise_a2a:
             text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
         return text
+
+    def plan_within_caps(self, planner: Callable[..., Any], metadata, **kwargs) -> Any:
+        """``planner(metadata, cost_model, algorithm=..., caps=--post-balance-token-caps,
+        **kwargs)``; caps it cannot meet stop the run with the flag, the phase and the sizes.
+
+        Raises:
+            ConfigError: naming ``--post-balance-token-caps PHASE=TOKENS`` and the item or the
+                total that does not fit.
+        """
+        caps = self.balance.token_caps
+        try:
+            return planner(metadata, self.cost_model, algorithm=self.algorithm, caps=caps, **kwargs)
+        except InfeasibleCapError as e:
+            flag = "--post-balance-token-caps"
+            if e.phase in caps:
+                flag += f" {e.phase}={caps[e.phase]}"
+            raise ConfigError(f"{flag}: {e}") from None
 
     def begin(self, digest: str) -> None:
         """Before moving anything: every rank planned the same (unless told not to check)."""

@@ -55,13 +55,8 @@ class PhaseBalancedStep(BalancedStep):
     def plan(self, batch) -> IterationPlan:
         """This iteration's plan (the same on every DP rank)."""
         b = self.balance
-        return plan_iteration(
-            batch.metadata,
-            self.cost_model,
-            algorithm=self.algorithm,
-            phases=b.balance_phases,
-            caps=b.token_caps,
-            gpus_per_node=b.gpus_per_node,
+        return self.plan_within_caps(
+            plan_iteration, batch.metadata, phases=b.balance_phases, gpus_per_node=b.gpus_per_node
         )
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,

@@ -57,7 +57,7 @@ class SampleBalancedStep(BalancedStep):
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
         with self.timers.span("plan"):
-            plan = plan_whole_samples(metadata, self.cost_model, algorithm=self.algorithm)
+            plan = self.plan_within_caps(plan_whole_samples, metadata)
         self.begin(plan.digest)
         route = plan.dispatch
         # Token ids: every stage builds its labels and shapes from them.
