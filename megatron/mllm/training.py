@@ -426,6 +426,13 @@ def _metric_writers(run: RunConfig, rank: int, world: int) -> MetricWriters:
     return writers
 
 
+def _error_line(message: str) -> None:
+    """One ``error:`` line on stderr in a single write: the ranks share one pipe under torchrun
+    and ``python -u``, where print's separate write of the newline lets lines run together."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/pretrain_mllm.py``."""
     logs.configure(logs.level_from_argv(sys.argv[1:] if argv is None else argv))
@@ -441,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         TransferError,
         CollectiveError,
     ) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        _error_line(str(e))
         return 2
     except RuntimeError as e:
         # A peer that stopped answering, seen by megatron-core's or the trainer's own
@@ -449,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         failure = distributed.communication_failure(e)
         if failure is None:
             raise
-        print(f"error: {failure}", file=sys.stderr, flush=True)
+        _error_line(failure)
         return 2
     finally:
         distributed.shutdown()
