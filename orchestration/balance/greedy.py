@@ -105,15 +105,12 @@ def _greedy_failure(prob: BalanceProblem, i: int, used: np.ndarray) -> Infeasibl
     bound = ", ".join(f"{names[k]} {d * int(prob.cap[k])}" for k in kinds)
     if prob.cap.size == 1:
         caps, bound = str(int(prob.cap[0])), str(d * int(prob.cap[0]))
-    return InfeasibleCapError(
+    return prob.item_cap_error(
         f"LPT could not fit {prob.label(i)} ({size}) in any of {d} bins under the cap {caps}: "
         f"every bin is too full (greedy failure; total {totals}, d x cap = {bound}); raise the "
         f"cap or add bins",
-        item=i,
-        label=prob.label(i),
-        size=int(prob.sizes[i, c]),
-        cap=int(prob.cap[c]),
-        size_name=names[c],
+        i,
+        c,
     )
 
 

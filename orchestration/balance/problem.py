@@ -320,14 +320,11 @@ class BalanceProblem:
         if big.size:
             i = int(big[np.argmax(over[big].max(axis=1))])
             c, text = self.describe_size(self.sizes[i])
-            raise InfeasibleCapError(
+            raise self.item_cap_error(
                 f"{self.label(i)} has {text}, more than the per-bin cap {int(self.cap[c])}: it "
                 f"can never fit (an item is never split)",
-                item=i,
-                label=self.label(i),
-                size=int(self.sizes[i, c]),
-                cap=int(self.cap[c]),
-                size_name=self.size_names[c],
+                i,
+                c,
             )
         total = self.sizes.sum(axis=0)
         over = np.flatnonzero(total > self.d * self.cap)
@@ -340,6 +337,17 @@ class BalanceProblem:
                 cap=int(self.cap[c]),
                 size_name=self.size_names[c],
             )
+
+    def item_cap_error(self, message: str, i: int, c: int) -> InfeasibleCapError:
+        """The error for item ``i`` at fault under the cap of size kind ``c``."""
+        return InfeasibleCapError(
+            message,
+            item=i,
+            label=self.label(i),
+            size=int(self.sizes[i, c]),
+            cap=int(self.cap[c]),
+            size_name=self.size_names[c],
+        )
 
     def fits(self, bins: np.ndarray) -> bool:
         """Whether the assignment ``bins`` meets the cap (always, without one)."""
