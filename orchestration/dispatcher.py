@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orchestration.metadata import GatheredMetadata, check_digests, encode_rank_metadata
+from orchestration.metadata import GatheredMetadata, PlanError, check_digests, encode_rank_metadata
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
 
@@ -196,13 +196,65 @@ class Dispatcher:
         Args:
             local: this rank's (stream index, metadata) pairs, in loading order.
         """
-        encoded = encode_rank_metadata(local)
+        return self.gather_batches([local])[0][0]
+
+    def gather_batches(self, batches: Sequence[Sequence[tuple[int, SampleMeta]]],
+                       control: np.ndarray | None = None,
+                       ) -> tuple[list[GatheredMetadata], list[np.ndarray]]:  # fmt: skip
+        """One all-gather for the metadata of several iterations and a few control words.
+
+        The trainer gathers the next iteration's metadata one iteration early, so that its plan
+        can be computed while the current one runs; what the ranks must also agree on (the
+        digest of the plan about to run, measured times) rides along as ``control`` instead of
+        costing a collective of its own.
+
+        Args:
+            batches: per iteration, this rank's (stream index, metadata) pairs.
+            control: this rank's int64 control words (any length; empty if None).
+
+        Returns:
+            The gathered metadata of each iteration, and every rank's control words in group
+            rank order.
+        """
+        control = np.zeros(0, np.int64) if control is None else np.asarray(control, np.int64)
+        parts = [encode_rank_metadata(local) for local in batches]
+        head = [len(control), len(parts), *(p.size for p in parts)]
+        encoded = np.concatenate([np.array(head, np.int64), control, *parts])
+        ids = [meta.sample_id for local in batches for _, meta in local]
         with self._timed("metadata-gather"):
             flat = self.all_gather_arrays(encoded, "metadata all-gather")
-            ids = self.all_gather_strings(
-                [meta.sample_id for _, meta in local], "metadata all-gather (sample ids)"
-            )
-        return GatheredMetadata.from_flat(flat, sample_ids=ids)
+            all_ids = self.all_gather_strings(ids, "metadata all-gather (sample ids)")
+        controls, per_batch = [], [[] for _ in batches]
+        id_counts = [[] for _ in batches]
+        for words in flat:
+            n_control, n_parts = int(words[0]), int(words[1])
+            if n_parts != len(batches):
+                raise PlanError(
+                    f"metadata all-gather: a rank sent {n_parts} iterations' metadata, this "
+                    f"rank {len(batches)}"
+                )
+            sizes = words[2 : 2 + n_parts]
+            start = 2 + n_parts
+            controls.append(words[start : start + n_control])
+            start += n_control
+            for b, size in enumerate(sizes.tolist()):
+                part = words[start : start + size]
+                per_batch[b].append(part)
+                id_counts[b].append(int(part[1]))  # the part's sample count
+                start += size
+        # The ids come rank by rank, each rank's iterations in turn.
+        ids_of = [[] for _ in batches]
+        start = 0
+        for r in range(len(flat)):
+            for b in range(len(batches)):
+                n = id_counts[b][r]
+                ids_of[b].extend(all_ids[start : start + n])
+                start += n
+        gathered = [
+            GatheredMetadata.from_flat(per_batch[b], sample_ids=ids_of[b])
+            for b in range(len(batches))
+        ]
+        return gathered, controls
 
     def all_gather_strings(
         self, local: Sequence[str], what: str = "string all-gather"
@@ -255,6 +307,80 @@ class Dispatcher:
         idx = row_index(route.send_index(self.rank), local_sizes)
         send = local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
         return self.all_to_all(send, route.rows_matrix(), differentiable, label)
+
+    def send_rows(self, route: Route, local_rows: torch.Tensor,
+                  local_sizes: np.ndarray) -> torch.Tensor:  # fmt: skip
+        """This rank's rows of ``route``'s items in send order (grouped by destination): what
+        :meth:`exchange_many` takes. An index_select, so gradients flow back to ``local_rows``."""
+        idx = row_index(route.send_index(self.rank), local_sizes)
+        return local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
+
+    def exchange_many(self, parts: Sequence[tuple[torch.Tensor, np.ndarray]],
+                      label: str | None = None) -> list[torch.Tensor]:  # fmt: skip
+        """Several exchanges in one all-to-all: each part's rows travel as bytes in one packed
+        buffer, split by one byte-count matrix (the sum of the parts' row matrices times their
+        row sizes), and are unpacked into their own dtypes and shapes on arrival.
+
+        An exchange costs a latency per collective on every rank, however little it carries, so
+        a step moves all the payloads of one hop (every encoder's inputs and the token ids, or
+        every encoder's outputs) together. When no part moves a row across ranks (every plan
+        kept its items where they were loaded), nothing is sent at all: every rank sees the
+        same counts, so all skip alike.
+
+        Args:
+            parts: per part, this rank's rows ordered by destination rank (as
+                :meth:`all_to_all` takes them) and its ``[world, world]`` row counts.
+            label: names the exchange in the timers and in a :class:`CollectiveError`.
+
+        Returns:
+            Per part, the rows received, ordered by source rank, in the part's dtype and shape.
+        """
+        counts = [np.asarray(c, dtype=np.int64) for _, c in parts]
+        for (rows, _), c in zip(parts, counts):
+            if c.shape != (self.world, self.world):
+                raise ValueError(f"counts must be [{self.world}, {self.world}], got {c.shape}")
+            if rows.shape[0] != c[self.rank].sum():
+                raise ValueError(
+                    f"rank {self.rank} holds {rows.shape[0]} rows but the plan sends "
+                    f"{int(c[self.rank].sum())}"
+                )
+        if all(int(c.sum() - np.trace(c)) == 0 for c in counts):
+            return [rows for rows, _ in parts]
+        row_bytes = [
+            rows.element_size() * int(np.prod(rows.shape[1:], dtype=np.int64)) for rows, _ in parts
+        ]
+        as_bytes = [_row_bytes(rows, rb) for (rows, _), rb in zip(parts, row_bytes)]
+        # Wire layout: for each destination in turn, every part's block for it, part by part.
+        sends = [[] for _ in range(self.world)]
+        for b, c in zip(as_bytes, counts):
+            start = 0
+            for d in range(self.world):
+                n = int(c[self.rank, d])
+                sends[d].append(b[start : start + n].reshape(-1))
+                start += n
+        byte_counts = sum(c * rb for c, rb in zip(counts, row_bytes))
+        device = as_bytes[0].device
+        send = torch.cat([blk for d in range(self.world) for blk in sends[d]]) if parts else (
+            torch.empty(0, dtype=torch.uint8, device=device)
+        )  # fmt: skip
+        with self._timed("all-to-all", label):
+            recv = self._exchange(send, byte_counts, label)
+        pieces = [[] for _ in parts]
+        offset = 0
+        for s in range(self.world):
+            for p, (c, rb) in enumerate(zip(counts, row_bytes)):
+                n = int(c[s, self.rank]) * rb
+                pieces[p].append(recv[offset : offset + n])
+                offset += n
+        out = []
+        for (rows, _), blocks in zip(parts, pieces):
+            flat = torch.cat(blocks) if blocks else recv.new_empty(0)
+            shape = rows.shape[1:]
+            if flat.numel():
+                out.append(flat.view(rows.dtype).reshape(-1, *shape))
+            else:
+                out.append(rows.new_empty((0, *shape)))
+        return out
 
     def all_to_all(self, rows: torch.Tensor, counts: np.ndarray, differentiable: bool = False,
                    label: str | None = None) -> torch.Tensor:  # fmt: skip
@@ -362,6 +488,16 @@ class Dispatcher:
                 group=self.group,
             )
         return recv
+
+
+def _row_bytes(rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """``rows`` as ``[n, row_bytes]`` uint8 (a view where the layout allows, else a copy)."""
+    flat = rows.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # a one-element column slice keeps its stride
+        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
+    if not flat.numel():
+        return torch.empty(rows.shape[0], row_bytes, dtype=torch.uint8, device=rows.device)
+    return flat.view(torch.uint8).view(rows.shape[0], row_bytes)
 
 
 class _AllToAll(torch.autograd.Function):

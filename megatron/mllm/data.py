@@ -160,6 +160,14 @@ class GlobalBatch:
     metadata: GatheredMetadata
     """Every DP rank's sample metadata (all-gathered, with sample ids)."""
 
+    next_metadata: GatheredMetadata | None = None
+    """The next iteration's metadata, gathered one iteration early (loaders that look ahead,
+    for a step that plans ahead), or None."""
+
+    control: list[np.ndarray] | None = None
+    """Every DP rank's control words of this iteration's gather (what the step gave the loader
+    to carry, e.g. the digest of its plan), in group rank order; None when none were sent."""
+
     @property
     def samples(self) -> list[LoadedSample]:
         """This rank's samples, in loading order."""
@@ -217,8 +225,22 @@ class BatchLoader:
     timers: StepTimers = NULL_TIMERS
     """Where loading reports its time (``payloads``; the dispatcher times the gather)."""
 
-    def load(self, iteration: int) -> GlobalBatch:
+    lookahead: bool = False
+    """Gather the next iteration's metadata with this one's (one gather per iteration, one
+    iteration early), so that a step can plan the next iteration while this one runs."""
+
+    train_iters: int | None = None
+    """The last iteration + 1: nothing is gathered ahead beyond it."""
+
+    _ahead: tuple[int, list, GatheredMetadata] | None = field(default=None, init=False, repr=False)
+
+    def load(self, iteration: int, control: np.ndarray | None = None) -> GlobalBatch:
         """This rank's samples of ``iteration`` and the batch's metadata; collective over DP.
+
+        With :attr:`lookahead`, the gather also carries the next iteration's metadata (kept for
+        the next call, which then gathers only the one after); the first call, and the first
+        after a resume, gathers both. ``control`` words ride along (see
+        :meth:`~orchestration.dispatcher.Dispatcher.gather_batches`).
 
         Raises:
             SequenceTooLongError: on every rank, naming the first sample of any rank that does
@@ -226,14 +248,29 @@ class BatchLoader:
             WorkloadError: on every rank, naming the first sample with items for an encoder
                 the model lacks.
         """
-        d = self.dispatcher
-        indices = microbatch_indices(
-            iteration, d.rank, d.world, self.micro_batch_size, self.num_microbatches
-        )
-        metas = [[(k, self.stream.meta(k)) for k in mb] for mb in indices]
+        wanted = [iteration]
+        if self._ahead is not None and self._ahead[0] == iteration:
+            wanted = []
+        if self.lookahead and (self.train_iters is None or iteration + 1 < self.train_iters):
+            wanted.append(iteration + 1)
+        metas_of = {i: self._metas(i) for i in wanted}
+        gathered, controls = [], None
+        if wanted or control is not None:  # the same on every rank
+            gathered, controls = self.dispatcher.gather_batches(
+                [[pair for mb in metas_of[i] for pair in mb] for i in wanted], control
+            )
+        by_iteration = dict(zip(wanted, gathered))
+        if iteration in by_iteration:
+            metas, metadata = metas_of[iteration], by_iteration[iteration]
+        else:
+            _, metas, metadata = self._ahead
+        self._ahead = None
+        if iteration + 1 in by_iteration:
+            self._ahead = (iteration + 1, metas_of[iteration + 1], by_iteration[iteration + 1])
+        next_metadata = self._ahead[2] if self._ahead is not None else None
         # The whole batch's metadata is checked before any payload is made: a bad sample then
-        # stops every rank with the same error, and is never allocated.
-        metadata = d.gather_metadata([pair for mb in metas for pair in mb])
+        # stops every rank with the same error, and is never allocated. (The next iteration's
+        # is checked when it becomes the current one.)
         check_fits(metadata, self.seq_length)
         check_encoders(metadata, self.encoders)
         with self.timers.span("payloads"):
@@ -242,7 +279,17 @@ class BatchLoader:
                  for k, meta in mb]
                 for mb in metas
             ]  # fmt: skip
-        return GlobalBatch(iteration, microbatches, metadata)
+        return GlobalBatch(
+            iteration, microbatches, metadata, next_metadata, None if control is None else controls
+        )
+
+    def _metas(self, iteration: int) -> list[list[tuple[int, SampleMeta]]]:
+        """This rank's (stream index, metadata) pairs of ``iteration``, per microbatch."""
+        d = self.dispatcher
+        indices = microbatch_indices(
+            iteration, d.rank, d.world, self.micro_batch_size, self.num_microbatches
+        )
+        return [[(k, self.stream.meta(k)) for k in mb] for mb in indices]
 
 
 def check_stream_encoders(stream: SampleStream, encoders: Sequence[str], count: int) -> None:

@@ -107,6 +107,13 @@ class PostBalanceConfig:
     """Compare the balance plan's digest across DP ranks every iteration;
     --no-check-plan-digest skips the comparison."""
 
+    plan_ahead: bool = field(
+        default=True, metadata={"argparse_meta": {"arg_names": ["--no-plan-ahead"]}}
+    )
+    """Plan the next iteration in a background thread while this one runs (its metadata is
+    gathered one iteration early, with the plan digest riding on that gather);
+    --no-plan-ahead plans every iteration at the start of its step."""
+
     post_balance_token_caps: list[str] = field(
         default_factory=list, metadata={"argparse_meta": {"metavar": "PHASE=TOKENS"}}
     )

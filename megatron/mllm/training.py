@@ -230,6 +230,7 @@ class Trainer:
             stream, task, dispatcher, run.micro_batch_size, run.num_microbatches,
             run.seq_length, with_features=self.model.holds_encoder_inputs,
             encoders=tuple(self.mllm.encoders), timers=self.timers,
+            lookahead=self.step.plans_ahead, train_iters=run.training.train_iters,
         )  # fmt: skip
         self.iteration = 0
         self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)
@@ -256,7 +257,7 @@ class Trainer:
         """
         timers = self.timers
         with timers("batch-generator", log_level=1):
-            batch = self.loader.load(iteration)
+            batch = self.loader.load(iteration, self.step.control_words(iteration))
         with timers("forward-backward", log_level=1):
             self.ddp_model.zero_grad_buffer()
             self.optimizer.zero_grad()
@@ -336,6 +337,8 @@ class Trainer:
             m["bytes_moved"] = balanced.bytes_moved
             m["moved_fraction"] = balanced.moved_fraction
             m["num_microbatches"] = balanced.num_microbatches
+            m["plan_source"] = balanced.plan_source
+            m["plan_background_s"] = balanced.plan_background_s
         return m
 
     def train(self) -> list[IterationResult]:
@@ -343,6 +346,7 @@ class Trainer:
         try:
             return self._train()
         finally:
+            self.step.close()
             self.writers.close()
 
     def _train(self) -> list[IterationResult]:

@@ -53,6 +53,7 @@ MODES: dict[int, dict[str, list[str]]] = {
         "dp2-megatron": [],
         "tp2-megatron": ["--tensor-model-parallel-size", "2"],
         "dp2-balanced-auto": ["--post-balance", "auto"],
+        "dp2-balanced-auto-in-step": ["--post-balance", "auto", "--no-plan-ahead"],
         "dp2-balanced-lpt-node-wise": ["--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip
         "pp2-megatron": [*PP2],

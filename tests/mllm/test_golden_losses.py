@@ -53,6 +53,13 @@ def test_losses_and_grad_norms_are_bit_identical(world, trained):
         assert records == stored[mode], f"{mode}: {records} != stored {stored[mode]}"
 
 
+def test_planning_ahead_learns_what_planning_in_the_step_learns(trained):
+    # The plan of the next iteration, made in a background thread while this one runs, is the
+    # plan the step would have made: same losses and gradient norms to the last bit.
+    _, runs = trained(2)
+    assert runs["dp2-balanced-auto"] == runs["dp2-balanced-auto-in-step"]
+
+
 @pytest.mark.parametrize("world", sorted(set(MODES) - {1}))
 def test_every_mode_learns_what_one_process_learns(world, trained):
     ref_out, ref_runs = trained(1)

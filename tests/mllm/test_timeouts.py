@@ -50,7 +50,7 @@ RUNTIME_LINE = re.compile(
 )
 DISPATCHER_LINE = re.compile(
     r"error: rank 0 gave up in the (?P<collective>(metadata|balance plan digest) all-gather.*|"
-    r"all-to-all '(vision|audio|llm) (inputs|outputs|tokens)( backward)?') of group \[0, 1\] "
+    r"all-to-all '(inputs and tokens|encoder outputs( backward)?)') of group \[0, 1\] "
     r"after (?P<seconds>[\d.]+) s: .*Timed out.*"
 )
 MEGATRON_LINE = re.compile(

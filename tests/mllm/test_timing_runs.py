@@ -58,9 +58,25 @@ def test_timers_account_for_every_iteration_on_every_rank(run, timed_runs):
 def test_the_balanced_step_times_its_phases_and_splits_collective_waits(timed_runs):
     _, records, _ = timed_runs
     t = records["dp2-balanced"][-1]["timers"]
-    for name in ("plan", "encoder-forward", "encoder-backward", "llm-microbatches",
+    for name in ("plan-wait", "encoder-forward", "encoder-backward", "llm-microbatches",
                  "all-to-all", "metadata-gather", "all-grads-sync", "forward-compute"):  # fmt: skip
         assert name in t["seconds"] and len(t["seconds"][name]) == 2, name
+    # The first iteration plans in its step; every later one finds its plan made ahead, and its
+    # digest checked on the metadata gather: no plan, no digest collective on the critical path.
+    first = records["dp2-balanced"][0]["timers"]["seconds"]
+    assert "plan" in first and "plan-digest" in first
+    for rec in records["dp2-balanced"][1:]:
+        assert (
+            "plan" not in rec["timers"]["seconds"] and "plan-digest" not in rec["timers"]["seconds"]
+        )
+        assert rec["plan_source"] == "ahead"
+    # One all-to-all per hop, whatever the number of encoders: inputs and tokens, encoder
+    # outputs, and their backward.
+    assert sorted(t["detail"]["all-to-all"]) == [
+        "encoder outputs",
+        "encoder outputs backward",
+        "inputs and tokens",
+    ]
     waits = t["collectives"]["all-to-all"]
     for rank in range(2):
         assert waits["wait"][rank] >= 0 and waits["transfer"][rank] >= 0

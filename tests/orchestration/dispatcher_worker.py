@@ -66,6 +66,33 @@ def main() -> None:
             w = y[:, 3:4] * 2.0 + 1.0
             (y * w.detach()).sum().backward()
             assert torch.equal(xg.grad, (x[:, 3:4] * 2.0 + 1.0).expand_as(x)), (trial, rank)
+        # Packed: three parts of different dtypes and widths in one all-to-all arrive as if
+        # each had travelled alone; an exchange that keeps every row home sends nothing.
+        counts_b = rng.integers(0, 3, size=(world, world))
+        counts_c = counts.T.copy()
+        parts = [
+            (x, counts),
+            (rows_for(rank, counts_b)[:, 3].to(torch.int64), counts_b),
+            (rows_for(rank, counts_c)[:, :2].to(torch.float32), counts_c),
+        ]
+        wants = [
+            want,
+            expected_for(rank, counts_b)[:, 3].to(torch.int64),
+            expected_for(rank, counts_c)[:, :2].to(torch.float32),
+        ]
+        for disp in (direct, nodewise):
+            before = disp.bytes_moved
+            got = disp.exchange_many(parts, label="packed")
+            for g, w, (sent, _) in zip(got, wants, parts):
+                assert g.dtype == sent.dtype and torch.equal(g, w), (trial, rank, g, w)
+            moved = sum(
+                p.element_size() * int(np.prod(p.shape[1:])) * int(c.sum() - np.trace(c))
+                for p, c in parts
+            )  # fmt: skip
+            assert disp.bytes_moved - before == moved, (trial, disp.bytes_moved - before, moved)
+        home = np.diag(counts.diagonal())
+        x_home = rows_for(rank, home)
+        assert direct.exchange_many([(x_home, home)])[0] is x_home
     local = np.arange(rank * 3, dtype=np.int64) + 100 * rank  # ranks hold different lengths
     gathered = direct.all_gather_arrays(local)
     assert [g.tolist() for g in gathered] == [

@@ -18,9 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.data import LoadedMicrobatch
+from megatron.mllm.steps.plan_ahead import PlanAhead, check_control_digests, digest_words
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
@@ -59,6 +61,13 @@ class BalanceStats:
     unit: str = "flops"
     """Unit of the loads: ``flops``, or ``seconds`` with a calibrated cost model."""
 
+    plan_source: str = "step"
+    """Where the plan was made: ``step`` (on the critical path) or ``ahead`` (in the
+    background thread, while the previous iteration ran)."""
+
+    plan_background_s: float = 0.0
+    """Seconds the background thread spent on the plan (0 when made in the step)."""
+
 
 class TrainingStep:
     """Base of the training modes (see the module docstring)."""
@@ -95,6 +104,20 @@ class TrainingStep:
         """The runtime's schedule of the latest call (``pipeweaver.schedule.Schedule``); None
         when megatron-core's engine ran it (its order is fixed) or nothing was pipelined."""
         return None
+
+    @property
+    def plans_ahead(self) -> bool:
+        """Whether the step plans the next iteration while this one runs (its loader must then
+        gather the next iteration's metadata one iteration early)."""
+        return False
+
+    def control_words(self, iteration: int) -> np.ndarray | None:
+        """What the loader's metadata gather of ``iteration`` should carry for the step (the
+        digest of a plan made ahead), or None; the same on every rank."""
+        return None
+
+    def close(self) -> None:
+        """Release what the step holds beyond the run (a planning thread)."""
 
 
 def take(data_iterator, num_microbatches: int) -> list[LoadedMicrobatch]:
@@ -178,6 +201,17 @@ class BalancedStep(TrainingStep):
         self.dispatcher = dispatcher
         self.cost_model = cost_model
         self.device = device
+        self.ahead = PlanAhead(run.balance.plan_ahead, run.distributed_timeout.total_seconds())
+        # The digest rides on the DP group's metadata gather only when that group is the
+        # whole world: with several DP groups (PP or TP > 1) all of them must agree, which
+        # takes the world-wide check.
+        self.fold_digest = (
+            run.balance.check_plan_digest
+            and run.balance.plan_ahead
+            and dispatcher.world == dist.get_world_size()
+        )
+        self.plan_source = "step"
+        """Where the latest plan was made: ``step`` or ``ahead``."""
 
     def describe_balance(self, mode: str) -> str:
         """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
@@ -203,11 +237,45 @@ class BalancedStep(TrainingStep):
                 flag += f" {e.phase}={caps[e.phase]}"
             raise ConfigError(f"{flag}: {e}") from None
 
-    def begin(self, digest: str) -> None:
-        """Before moving anything: every rank planned the same (unless told not to check)."""
-        if self.balance.check_plan_digest:
-            self.dispatcher.check_digest(digest)
+    @property
+    def plans_ahead(self) -> bool:
+        return self.ahead.enabled
+
+    def plan_for(self, metadata) -> Any:
+        """The step's plan of one iteration's gathered metadata (pure: no collective)."""
+        raise NotImplementedError
+
+    def control_words(self, iteration: int) -> np.ndarray | None:
+        if not (self.fold_digest and self.ahead.has(iteration)):
+            return None
+        with self.timers.span("plan-wait"):
+            plan = self.ahead.peek(iteration)
+        return digest_words(plan.digest)
+
+    def planned(self, batch) -> Any:
+        """This iteration's plan, checked across ranks; the next iteration's goes to the
+        background thread before this one runs.
+
+        The plan made ahead is taken (its wait timed as ``plan-wait``), or made now (``plan``).
+        Its digest is compared in the control words of this iteration's metadata gather when
+        they carry it, else with a collective of its own (unless told not to check).
+        """
+        ahead = self.ahead.has(batch.iteration)
+        with self.timers.span("plan-wait" if ahead else "plan"):
+            plan, _ = self.ahead.take(batch.iteration, lambda: self.plan_for(batch.metadata))
+        self.plan_source = "ahead" if ahead else "step"
+        if batch.control is not None:
+            check_control_digests(batch.control)
+        elif self.balance.check_plan_digest:
+            self.dispatcher.check_digest(plan.digest)
         self.dispatcher.reset_counters()
+        if batch.next_metadata is not None:
+            following = batch.next_metadata
+            self.ahead.submit(batch.iteration + 1, lambda: self.plan_for(following))
+        return plan
+
+    def close(self) -> None:
+        self.ahead.close()
 
     def form_microbatches(self, costs: np.ndarray, tokens: np.ndarray, num_microbatches: int,
                           samples, sample_ids) -> MicrobatchPlan:  # fmt: skip

@@ -3,20 +3,24 @@
 
 After each DP rank has loaded its samples (Megatron's order), every phase (each encoder, then
 the LLM) gets its own plan over the all-gathered metadata (``orchestration.phase_plan``), and
-the dispatcher moves the work with all-to-all:
+the dispatcher moves the work in three all-to-alls per iteration, whatever the number of
+encoders (each collective costs a latency on every rank, however little it carries):
 
-1. encoder inputs (pixels, frame features) go from the loader to the encoder-phase worker;
-2. each worker runs the encoder body on its units, packed, once per iteration;
-3. the unit outputs travel, through an autograd-aware all-to-all, straight to the LLM-phase
+1. **inputs and tokens**: every encoder's inputs (pixels, frame features) go from the loader to
+   its encoder-phase worker, and the token ids to the LLM-phase worker, in one packed buffer;
+2. each worker runs every encoder body on its units, packed, once per iteration;
+3. **encoder outputs**: every encoder's unit outputs travel together, straight to the LLM-phase
    worker of their sample, which pools and projects each item (the head needs whole items);
-4. token ids go from the loader to the LLM-phase worker, which forms balanced microbatches
-   within the packing limit and runs forward and backward on each with megatron-core's
-   ``forward_step``/``backward_step`` (so the loss and gradient-scaling contract is Megatron's);
-5. the gradients of the unit outputs return through the transposed all-to-all, once, and the
-   encoder backward runs on the worker; finally megatron-core's ``finalize_model_grads``.
+   the LLM worker forms balanced microbatches within the packing limit and runs forward and
+   backward on each with megatron-core's ``forward_step``/``backward_step`` (so the loss and
+   gradient-scaling contract is Megatron's);
+4. **encoder outputs backward**: the gradients of all unit outputs return in one transposed
+   all-to-all, and each encoder's backward runs on its worker; finally megatron-core's
+   ``finalize_model_grads``.
 
-Every rank joins every collective, even with no units of a modality. Encoder outputs of all
-microbatches are held as one leaf tensor, so the backward exchange runs once per phase, not
+Every rank joins every collective, even with no units of a modality; an exchange in which every
+plan kept its rows at home is skipped by all ranks alike. Encoder outputs of all microbatches
+are held as one leaf tensor per encoder, so the backward exchange runs once per iteration, not
 once per microbatch (ranks may have different numbers of microbatches). Moving work never
 changes what is learned: the loss is normalised by the global number of loss tokens.
 """
@@ -52,11 +56,11 @@ class PhaseBalancedStep(BalancedStep):
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
-    def plan(self, batch) -> IterationPlan:
-        """This iteration's plan (the same on every DP rank)."""
+    def plan_for(self, metadata) -> IterationPlan:
+        """An iteration's plan (the same on every DP rank)."""
         b = self.balance
         return self.plan_within_caps(
-            plan_iteration, batch.metadata, phases=b.balance_phases, gpus_per_node=b.gpus_per_node
+            plan_iteration, metadata, phases=b.balance_phases, gpus_per_node=b.gpus_per_node
         )
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
@@ -67,10 +71,10 @@ class PhaseBalancedStep(BalancedStep):
         local = [s for mb in loaded for s in mb.samples]
         disp = self.dispatcher
         me = disp.rank
-        with self.timers.span("plan"):
-            plan = self.plan(batch)
-        self.begin(plan.digest)
-        stats = BalanceStats()
+        plan = self.planned(batch)
+        stats = BalanceStats(
+            plan_source=self.plan_source, plan_background_s=self.ahead.background_s
+        )
         for p in plan.phases:
             stats.imbalance_before[p.phase] = p.imbalance_before
             stats.imbalance_after[p.phase] = p.imbalance_after
@@ -84,13 +88,8 @@ class PhaseBalancedStep(BalancedStep):
         grad = contextlib.nullcontext() if not forward_only else torch.no_grad()
         losses: list = []
         with no_sync(), grad:
-            sent, leaves, sample_rows = {}, {}, {}
-            for enc in self.mllm.encoders:
-                sent[enc], sample_rows[enc] = self._encoder_phase(
-                    plan, enc, encoders[enc], local, forward_only
-                )
-                leaves[enc] = sent[enc].detach().requires_grad_(not forward_only)
-            samples = self._llm_samples(plan, batch.metadata, local)
+            inputs, samples = self._exchange_inputs(plan, batch.metadata, local)
+            sent, leaves, sample_rows = self._encoder_phases(plan, encoders, inputs, forward_only)
             llm = plan.phase("llm")
             mine = llm.dispatch.dst_items(me)
             with self.timers.span("microbatches"):
@@ -119,13 +118,7 @@ class PhaseBalancedStep(BalancedStep):
                     if not forward_only:
                         backward_step(None, output, None, config)
             if not forward_only:
-                # Encoder backward: gradients of the unit outputs go back once per phase.
-                for enc in self.mllm.encoders:
-                    g = leaves[enc].grad
-                    if g is None:  # no microbatch of this worker used the encoder's outputs
-                        g = torch.zeros_like(leaves[enc])
-                    with self.timers.span("encoder-backward", detail=enc):
-                        torch.autograd.backward(sent[enc], g)
+                self._encoder_backward(plan, sent, leaves)
         if not forward_only and config.finalize_model_grads_func is not None:
             config.finalize_model_grads_func(
                 model,
@@ -136,63 +129,98 @@ class PhaseBalancedStep(BalancedStep):
         self.balance_stats = stats
         return losses
 
-    def _encoder_phase(self, plan: IterationPlan, enc: str, encoder, local, forward_only: bool):
-        """Inputs to the workers, the encoder body there, outputs to the LLM-phase workers.
+    def _exchange_inputs(self, plan: IterationPlan, metadata, local):
+        """The first hop, one all-to-all: every encoder's inputs to its encoder-phase workers
+        and the token ids to the LLM-phase workers, together.
 
         Returns:
-            The unit outputs that arrived here, in destination order (per sample of this LLM
-            worker, its units in order), and each sample's row range among them.
+            Per encoder, the input rows that arrived here (in this worker's destination order),
+            and this LLM worker's ``(sample, meta, payload)`` list.
         """
         disp, me, device = self.dispatcher, self.dispatcher.rank, self.device
-        phase = plan.phase(enc)
-        units = [u for s in local for u in s.payload.units.get(enc, [])]
-        dim = self.mllm.encoders[enc].input_dim
-        feats = (
-            torch.from_numpy(np.concatenate(units)).to(device)
-            if units
-            else torch.zeros(0, dim, device=device)
-        )
-        sizes = phase.items.tokens[phase.dispatch.src_items(me)]
-        got = disp.move(phase.dispatch, feats, sizes, label=f"{enc} inputs")
-        lens = [int(n) for n in phase.items.tokens[phase.dispatch.dst_items(me)]]
-        if lens:
-            positions = torch.cat([torch.arange(n, device=device) for n in lens])
-            with self.timers.span("encoder-forward", detail=enc):
-                hidden = encoder.body(None, got, positions, thd_params(lens, device)).squeeze(1)
-        else:
-            hidden = torch.zeros(0, encoder.config.hidden_size, device=device,
-                                 dtype=encoder.config.params_dtype,
-                                 requires_grad=not forward_only)  # fmt: skip
-        arrived = disp.move(
-            plan.to_llm[enc],
-            hidden,
-            np.asarray(lens, dtype=np.int64),
-            differentiable=not forward_only,
-            label=f"{enc} outputs",
-        )
-        arrivals = plan.encoder_arrivals(enc, me)
-        arrived = arrived.index_select(0, torch.as_tensor(arrivals.order, device=device))
-        return arrived, arrivals.sample_rows
-
-    def _llm_samples(self, plan: IterationPlan, metadata, local):
-        """Token ids to the LLM-phase workers; this worker's ``(sample, meta, payload)``."""
-        disp, me = self.dispatcher, self.dispatcher.rank
+        parts, names = [], []
+        for enc in self.mllm.encoders:
+            phase = plan.phase(enc)
+            units = [u for s in local for u in s.payload.units.get(enc, [])]
+            dim = self.mllm.encoders[enc].input_dim
+            feats = (
+                torch.from_numpy(np.concatenate(units)).to(device)
+                if units
+                else torch.zeros(0, dim, device=device)
+            )
+            sizes = phase.items.tokens[phase.dispatch.src_items(me)]
+            parts.append(
+                (disp.send_rows(phase.dispatch, feats, sizes), phase.dispatch.rows_matrix())
+            )
+            names.append(enc)
         llm = plan.phase("llm")
-        tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local])).to(self.device)
-        got = disp.move(
-            llm.dispatch,
-            tokens.view(-1, 1),
-            llm.items.tokens[llm.dispatch.src_items(me)],
-            label="llm tokens",
-        )
+        tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local])).to(device)
+        sizes = llm.items.tokens[llm.dispatch.src_items(me)]
+        parts.append((disp.send_rows(llm.dispatch, tokens, sizes), llm.dispatch.rows_matrix()))
+        got = disp.exchange_many(parts, label="inputs and tokens")
         samples, start = [], 0
+        arrived_tokens = got[-1].cpu().numpy()
         for item in llm.dispatch.dst_items(me).tolist():
             s = int(llm.items.sample[item])
             meta = metadata.sample_meta(s)
             n = meta.llm_tokens
-            samples.append((s, meta, SamplePayload(tokens=got[start : start + n, 0].cpu().numpy())))
+            samples.append((s, meta, SamplePayload(tokens=arrived_tokens[start : start + n])))
             start += n
-        return samples
+        return dict(zip(names, got[:-1])), samples
+
+    def _encoder_phases(self, plan: IterationPlan, encoders, inputs, forward_only: bool):
+        """Every encoder body on this worker's units, then the second hop, one all-to-all:
+        every encoder's unit outputs straight to the LLM-phase worker of their sample.
+
+        Returns:
+            Per encoder: the rows this rank sent (still in the encoder's graph, for the
+            backward), the leaves that arrived here (in arrival order; the LLM's backward
+            leaves their gradients there), and per sample of this LLM worker its rows among
+            the arrivals in destination order.
+        """
+        disp, me, device = self.dispatcher, self.dispatcher.rank, self.device
+        sent, parts = {}, []
+        for enc in self.mllm.encoders:
+            phase = plan.phase(enc)
+            lens = [int(n) for n in phase.items.tokens[phase.dispatch.dst_items(me)]]
+            if lens:
+                got = inputs[enc]
+                positions = torch.cat([torch.arange(n, device=device) for n in lens])
+                with self.timers.span("encoder-forward", detail=enc):
+                    hidden = (
+                        encoders[enc]
+                        .body(None, got, positions, thd_params(lens, device))
+                        .squeeze(1)
+                    )
+            else:
+                config = encoders[enc].config
+                hidden = torch.zeros(0, config.hidden_size, device=device,
+                                     dtype=config.params_dtype)  # fmt: skip
+            route = plan.to_llm[enc]
+            sent[enc] = disp.send_rows(route, hidden, np.asarray(lens, dtype=np.int64))
+            parts.append((sent[enc].detach(), route.rows_matrix()))
+        got = disp.exchange_many(parts, label="encoder outputs")
+        leaves, sample_rows = {}, {}
+        for enc, arrived in zip(self.mllm.encoders, got):
+            leaves[enc] = arrived.requires_grad_(not forward_only)
+            arrivals = plan.encoder_arrivals(enc, me)
+            sample_rows[enc] = (arrivals.order, arrivals.sample_rows)
+        return sent, leaves, sample_rows
+
+    def _encoder_backward(self, plan: IterationPlan, sent, leaves) -> None:
+        """The gradients of the unit outputs back to the ranks that computed them, every
+        encoder's in one transposed all-to-all, then each encoder's backward there."""
+        parts = []
+        for enc in self.mllm.encoders:
+            g = leaves[enc].grad
+            if g is None:  # no microbatch of this worker used the encoder's outputs
+                g = torch.zeros_like(leaves[enc])
+            parts.append((g, plan.to_llm[enc].rows_matrix().T.copy()))
+        grads = self.dispatcher.exchange_many(parts, label="encoder outputs backward")
+        for enc, g in zip(self.mllm.encoders, grads):
+            if sent[enc].requires_grad:
+                with self.timers.span("encoder-backward", detail=enc):
+                    torch.autograd.backward(sent[enc], g)
 
     def _llm_microbatch(self, chosen, leaves, sample_rows):
         """One LLM microbatch of ``(sample, meta, payload)``, carrying its samples' encoder
@@ -204,10 +232,10 @@ class PhaseBalancedStep(BalancedStep):
             with_features=False,
         )
         for enc in packed.encoders:
-            rows = np.concatenate(
-                [np.arange(*sample_rows[enc][s]) for s, _, _ in chosen if s in sample_rows[enc]]
-            )
+            order, rows_of = sample_rows[enc]
+            # Destination-order rows of the chosen samples, read off the arrival-order leaf.
+            rows = np.concatenate([np.arange(*rows_of[s]) for s, _, _ in chosen if s in rows_of])
             packed.encoder_hidden[enc] = leaves[enc].index_select(
-                0, torch.as_tensor(rows, device=self.device)
+                0, torch.as_tensor(order[rows], device=self.device)
             )
         return packed

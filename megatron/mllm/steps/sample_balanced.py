@@ -51,37 +51,36 @@ class SampleBalancedStep(BalancedStep):
     def last_schedule(self):
         return self.engine.last_schedule
 
+    def plan_for(self, metadata):
+        """An iteration's whole-sample plan across DP groups."""
+        return self.plan_within_caps(plan_whole_samples, metadata)
+
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)
         metadata = loaded[0].batch.metadata
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
-        with self.timers.span("plan"):
-            plan = self.plan_within_caps(plan_whole_samples, metadata)
-        self.begin(plan.digest)
+        plan = self.planned(loaded[0].batch)
         route = plan.dispatch
-        # Token ids: every stage builds its labels and shapes from them.
+        # Token ids (every stage builds its labels and shapes from them) and, on the stages
+        # that run an encoder's input layer, its features: one all-to-all for all.
         tokens = torch.from_numpy(np.concatenate([s.payload.tokens for s in local]))
-        got_tokens = disp.move(
-            route, tokens.view(-1, 1), route.rows[route.src_items(me)], label="sample tokens"
-        )
-        got_tokens = got_tokens[:, 0].numpy()
-        feats: dict[str, np.ndarray] = {}
-        if self.with_features:
-            for enc, spec in self.mllm.encoders.items():
-                # Feature rows of every sample: its encoder tokens of this encoder.
-                rows = sample_encoder_tokens(metadata, enc)
-                parts = [u for s in local for u in s.payload.units.get(enc, [])]
-                sent = (
-                    torch.from_numpy(np.concatenate(parts))
-                    if parts
-                    else torch.zeros(0, spec.input_dim)
-                )
-                got = disp.move(
-                    route.with_rows(rows), sent, rows[route.src_items(me)],
-                    label=f"sample {enc} features",
-                )  # fmt: skip
-                feats[enc] = got.numpy()
+        parts = [(disp.send_rows(route, tokens, route.rows[route.src_items(me)]),
+                  route.rows_matrix())]  # fmt: skip
+        encoders = list(self.mllm.encoders.items()) if self.with_features else []
+        for enc, spec in encoders:
+            # Feature rows of every sample: its encoder tokens of this encoder.
+            rows = sample_encoder_tokens(metadata, enc)
+            units = [u for s in local for u in s.payload.units.get(enc, [])]
+            sent = (
+                torch.from_numpy(np.concatenate(units)) if units else torch.zeros(0, spec.input_dim)
+            )
+            by_rows = route.with_rows(rows)
+            parts.append((disp.send_rows(by_rows, sent, rows[route.src_items(me)]),
+                          by_rows.rows_matrix()))  # fmt: skip
+        got = disp.exchange_many(parts, label="sample tokens and features")
+        got_tokens = got[0].numpy()
+        feats = {enc: g.numpy() for (enc, _), g in zip(encoders, got[1:])}
         mine = route.dst_items(me)
         samples = self._samples(plan, metadata, mine, got_tokens, feats)
         with self.timers.span("microbatches"):
@@ -99,6 +98,8 @@ class SampleBalancedStep(BalancedStep):
             imbalance_after={"groups": plan.imbalance_after},
             moved_fraction={"samples": route.moved_items / max(1, route.size)},
             num_microbatches=len(microbatches),
+            plan_source=self.plan_source,
+            plan_background_s=self.ahead.background_s,
         )
         for phase in plan.phase_costs:
             stats.imbalance_before[phase] = max_over_mean(plan.phase_loads(phase, after=False))
