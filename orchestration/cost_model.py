@@ -31,6 +31,10 @@ Two sources of coefficients, chosen per phase:
   per-call ``const_s`` is left out: items are packed into one layer call per microbatch, so it
   is paid per call whichever items a rank holds; an item's fixed cost is the measured
   ``per_sequence_s`` (extra cost of one more packed sequence), when the file has it.
+* **Fitted seconds** (``orchestration.cost_fit.OnlineCostFit.cost_model``): either of the
+  above, refitted during training to the measured per-rank phase times. Only a fit sets
+  ``per_call``, the cost a rank pays once per phase when it holds any item (its layer calls),
+  which the per-phase planner adds to its predicted loads.
 
 ``unit`` says which ("flops" or "seconds"). Phases of one :class:`CostModel` should share a
 unit when their costs are added (whole-sample mode, PP > 1); :meth:`CostModel.build` makes
@@ -99,12 +103,18 @@ class PhaseCostModel:
     pad_to: int | None = None
     """Fixed pad length of a padded phase; None pads each rank's group to its longest item."""
 
+    per_call: float = 0.0
+    """Cost each rank pays once when it holds any item of the phase (its layer calls, launch
+    and Python overheads), whichever items they are. Fitted online from the timers
+    (``orchestration.cost_fit``); 0 from FLOPs and calibrations. The per-phase planner adds it
+    to its predicted loads; it never changes which items go together."""
+
     def __post_init__(self) -> None:
         if self.unit not in COST_UNITS:
             raise ValueError(
                 f"{self.phase}: cost unit must be one of {COST_UNITS}, got {self.unit!r}"
             )
-        for name in ("linear", "quadratic", "const", "per_output_token"):
+        for name in ("linear", "quadratic", "const", "per_output_token", "per_call"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 raise ValueError(
@@ -167,6 +177,7 @@ class PhaseCostModel:
             quadratic=self.quadratic * factor,
             const=self.const * factor,
             per_output_token=self.per_output_token * factor,
+            per_call=self.per_call * factor,
         )
 
     @classmethod

@@ -8,6 +8,12 @@ an :class:`IterationPlan`: one :class:`PhasePlan` per phase (each encoder, then 
 and per encoder the route that takes the encoder's outputs straight to the LLM-phase worker of
 their sample (:mod:`orchestration.routing`).
 
+With ``exchange`` (an :class:`~orchestration.exchange_cost.ExchangeCost`, costs in seconds),
+:func:`check_exchanges` weighs each phase's predicted gain against the exchanges its plan
+adds and keeps the ordinary assignment where moving does not pay; each :class:`PhasePlan`
+records the decision, the gain and the cost, and the digest covers them. Without it the
+plans are exactly those of before the check existed.
+
 Usage on DP rank ``me`` (the dispatcher does the collectives)::
 
     md = dispatcher.gather_metadata(local_samples)          # GatheredMetadata, all ranks
@@ -25,6 +31,7 @@ Usage on DP rank ``me`` (the dispatcher does the collectives)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -42,6 +49,7 @@ from orchestration.balance import (
     max_over_mean,
 )
 from orchestration.cost_model import CostModel, PhaseCostModel
+from orchestration.exchange_cost import ExchangeCost
 from orchestration.locality import map_bins_to_ranks
 from orchestration.metadata import (
     GatheredMetadata,
@@ -51,6 +59,7 @@ from orchestration.metadata import (
     check_encoders,
     phase_items,
 )
+from orchestration.robust_fit import format_seconds
 from orchestration.routing import Route, dst_positions, exclusive_cumsum, row_index
 from orchestration.workload import PHASES, SampleMeta
 
@@ -118,6 +127,18 @@ class PhasePlan(PlannedLoads):
     unit: str
     """Unit of costs and loads: "flops" or "seconds"."""
 
+    gain: float = 0.0
+    """Predicted max load of the ordinary assignment minus that of the balancer's."""
+
+    decision: str = "balanced"
+    """"balanced": the balancer's assignment runs (which may itself be the ordinary one, see
+    ``algorithm``); "kept": the exchange check kept the ordinary assignment because moving
+    does not pay (``dispatch`` is the identity and ``loads_after`` equals ``loads_before``)."""
+
+    exchange_cost: float | None = None
+    """Predicted seconds of the exchanges that balancing this phase adds, given the other
+    phases' decisions; None without an exchange check."""
+
     @property
     def moved_fraction(self) -> float:
         """Fraction of items that change rank."""
@@ -154,6 +175,20 @@ class IterationPlan:
                 return p
         raise KeyError(f"no plan for phase {name!r}; have {[p.phase for p in self.phases]}")
 
+    def describe_decisions(self) -> str:
+        """``vision balanced (gain 1.2 ms > cost 0.31 ms) llm kept (...)`` for the log line;
+        empty without an exchange check."""
+        parts = []
+        for p in self.phases:
+            if p.exchange_cost is None:
+                continue
+            sign = ">" if p.decision == "balanced" else "<="
+            parts.append(
+                f"{p.phase} {p.decision} (gain {format_seconds(p.gain)} {sign} cost "
+                f"{format_seconds(p.exchange_cost)})"
+            )
+        return " ".join(parts)
+
     def encoder_arrivals(self, encoder: str, rank: int) -> EncoderArrivals:
         """How ``rank``'s receive buffer of ``to_llm[encoder]`` maps to its destination list."""
         route = self.to_llm[encoder]
@@ -182,6 +217,7 @@ def plan_iteration(
     bytes_per_token: Mapping[str, float] | None = None,
     budget: WorkBudget = DEFAULT_BUDGET,
     slack: float = TIE_SLACK,
+    exchange: ExchangeCost | None = None,
 ) -> IterationPlan:
     """Plan every phase of one iteration in per-phase mode (PP = 1).
 
@@ -198,10 +234,14 @@ def plan_iteration(
         budget: deterministic work limits of the algorithms.
         slack: relative max-load slack traded for fewer moved items (see
             ``orchestration.balance.balance``).
+        exchange: the gain-versus-exchange check (:func:`check_exchanges`): a phase keeps
+            the ordinary assignment when moving its data costs more than balancing gains.
+            Needs a cost model in seconds. None: every phase runs the balancer's assignment.
 
     Raises:
         InfeasibleCapError: a cap cannot be met (names the sample; its ``phase`` is set).
-        PlanError: a phase to balance that the model lacks.
+        PlanError: a phase to balance that the model lacks; an exchange check with costs
+            not in seconds, or without the payload sizes of a phase.
         WorkloadError: the data has items of a phase the model lacks.
     """
     md = as_metadata(metadata)
@@ -213,6 +253,10 @@ def plan_iteration(
             f"cannot balance phases {sorted(unknown)}: the model has {list(cost_model.phase_order)}"
         )
     check_encoders(md, cost_model.phase_order)
+    if exchange is not None and cost_model.unit != "seconds":
+        raise PlanError(
+            f"the exchange check compares seconds, but the costs are in {cost_model.unit}"
+        )
     plans = []
     for phase in PHASES:
         items = phase_items(md, phase)
@@ -240,13 +284,106 @@ def plan_iteration(
         raise PlanError(
             "the cost model has no 'llm' phase: encoder outputs would have nowhere to go"
         )
+    if exchange is not None:
+        plans = check_exchanges(plans, R, exchange)
+        llm = plans[-1]
     to_llm = {p.phase: _route_to_llm(p, llm, R) for p in plans if p.phase != "llm"}
     mdig = md.digest()
     h = hashlib.sha256(PLAN_VERSION)
     h.update(mdig.encode())
     for p in plans:
         hash_route(h, p.phase, p.dispatch)
+    if exchange is not None:
+        h.update(b"exchange\0")
+        for p in plans:
+            h.update(f"{p.phase}:{p.decision}\0".encode())
+            h.update(np.array([p.gain, p.exchange_cost], dtype="<f8").tobytes())
     return IterationPlan(R, tuple(plans), to_llm, mdig, h.hexdigest())
+
+
+def check_exchanges(
+    plans: Sequence[PhasePlan], num_ranks: int, exchange: ExchangeCost
+) -> list[PhasePlan]:
+    """``auto`` never loses: per phase, keep the ordinary assignment when moving does not pay.
+
+    The predicted step is the sum over phases of the max load plus the time of every exchange
+    that moves something (:meth:`ExchangeCost.route_seconds`): per encoder its inputs'
+    dispatch and its outputs' route to the LLM-phase worker, forward and backward; the LLM's
+    token ids. Each phase either runs its balanced plan or keeps the ordinary one. An encoder's
+    exchanges depend only on its own choice and the LLM's, so for each LLM choice every
+    encoder picks its cheaper option, and the cheaper of the two totals wins: the minimum over
+    all combinations, exactly, with exchange times weighed by ``exchange.margin``. Ties keep
+    the ordinary assignment. Each plan records the gain of balancing and the exchange seconds
+    balancing it adds given the others' choices, so "balanced" means gain > margin x cost.
+
+    Args:
+        plans: every phase's balanced plan, encoders first, the LLM last.
+        num_ranks: R.
+        exchange: the exchange model and the payload sizes of every route.
+
+    Returns:
+        The plans with their decisions; a kept phase's dispatch is the identity.
+
+    Raises:
+        PlanError: ``exchange.payload`` lacks the sizes of a phase.
+    """
+    inputs, outputs = exchange.payload.inputs, exchange.payload.outputs
+    missing = [f"inputs[{p.phase!r}]" for p in plans if p.phase not in inputs]
+    missing += [f"outputs[{p.phase!r}]" for p in plans[:-1] if p.phase not in outputs]
+    if missing:
+        raise PlanError(f"the exchange check needs the payload bytes {', '.join(missing)}")
+    m = exchange.margin
+    llm, encoders = plans[-1], list(plans[:-1])
+    options = [_kept(llm, num_ranks), llm]  # index 0: kept, 1: balanced
+    llm_top = [float(o.loads_after.max(initial=0.0)) for o in options]
+    llm_x = [exchange.route_seconds(o.dispatch, inputs["llm"]) for o in options]
+    top, xs = {}, {}  # per encoder: max load per choice; exchange seconds per (choice, llm)
+    for e in encoders:
+        mine = [_kept(e, num_ranks), e]
+        top[e.phase] = [float(o.loads_after.max(initial=0.0)) for o in mine]
+        xs[e.phase] = [
+            [
+                exchange.route_seconds(o.dispatch, inputs[e.phase])
+                + 2.0 * exchange.route_seconds(_route_to_llm(o, lo, num_ranks), outputs[e.phase])
+                for lo in options
+            ]
+            for o in mine
+        ]
+
+    def choose(e: str, lc: int) -> int:
+        t, x = top[e], xs[e]
+        return int(t[1] + m * x[1][lc] < t[0] + m * x[0][lc])
+
+    totals = []
+    for lc in (0, 1):
+        total = llm_top[lc] + m * llm_x[lc]
+        for e in top:
+            c = choose(e, lc)
+            total += top[e][c] + m * xs[e][c][lc]
+        totals.append(total)
+    lc = int(totals[1] < totals[0])
+    chosen = {e: choose(e, lc) for e in top}
+    out = []
+    for e in encoders:
+        cost = xs[e.phase][1][lc] - xs[e.phase][0][lc]
+        out.append(_decided(e, chosen[e.phase], cost, num_ranks))
+    cost = llm_x[1] - llm_x[0] + sum(xs[e][c][1] - xs[e][c][0] for e, c in chosen.items())
+    out.append(_decided(llm, lc, cost, num_ranks))
+    return out
+
+
+def _kept(p: PhasePlan, num_ranks: int) -> PhasePlan:
+    """``p`` with the ordinary assignment: every item computed where it was loaded."""
+    owner = p.items.owner
+    route = Route(
+        num_ranks, owner, p.items.src_pos, owner, dst_positions(owner, num_ranks), p.items.tokens
+    )
+    return dataclasses.replace(p, dispatch=route, loads_after=p.loads_before, decision="kept")
+
+
+def _decided(p: PhasePlan, balanced: int, cost: float, num_ranks: int) -> PhasePlan:
+    plan = p if balanced else _kept(p, num_ranks)
+    return dataclasses.replace(plan, exchange_cost=float(cost))
 
 
 def hash_route(h, name: str, ex: Route) -> None:
@@ -296,8 +433,14 @@ def _plan_phase(
         after = result.loads
         alg = result.algorithm
         lb = result.lower_bound
+    if model.per_call:
+        # Paid once by every rank holding anything: it never changes which items go together.
+        before = before + model.per_call * (np.bincount(owner, minlength=R) > 0)
+        after = after + model.per_call * (np.bincount(dst, minlength=R) > 0)
+        lb = lb + model.per_call if items.size else lb
+    gain = float(before.max() - after.max()) if items.size else 0.0
     dispatch = Route(R, owner, items.src_pos, dst, dst_positions(dst, R), items.tokens)
-    return PhasePlan(items.phase, items, costs, dispatch, before, after, alg, lb, model.unit)
+    return PhasePlan(items.phase, items, costs, dispatch, before, after, alg, lb, model.unit, gain)
 
 
 def item_labeler(md: GatheredMetadata, items: PhaseItems):

@@ -149,6 +149,14 @@ class Route:
         return int(np.count_nonzero(self.src != self.dst))
 
     @property
+    def moves_nothing(self) -> bool:
+        """Whether every item stays on its rank. The all-to-all would then hand every rank its
+        own packed send buffer back (arrival order is by source rank, then destination
+        position, as the send buffer is), so a step may skip the collective; all ranks know it
+        from the plan alike."""
+        return not bool(np.any(self.src != self.dst))
+
+    @property
     def moved_rows(self) -> int:
         """Rows that change rank."""
         return int(self.rows[self.src != self.dst].sum())
