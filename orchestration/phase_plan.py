@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -49,7 +50,7 @@ from orchestration.balance import (
     max_over_mean,
 )
 from orchestration.cost_model import CostModel, PhaseCostModel
-from orchestration.exchange_cost import ExchangeCost
+from orchestration.exchange_cost import ExchangeCost, route_bytes
 from orchestration.locality import map_bins_to_ranks
 from orchestration.metadata import (
     GatheredMetadata,
@@ -306,15 +307,17 @@ def check_exchanges(
 ) -> list[PhasePlan]:
     """``auto`` never loses: per phase, keep the ordinary assignment when moving does not pay.
 
-    The predicted step is the sum over phases of the max load plus the time of every exchange
-    that moves something (:meth:`ExchangeCost.route_seconds`): per encoder its inputs'
-    dispatch and its outputs' route to the LLM-phase worker, forward and backward; the LLM's
-    token ids. Each phase either runs its balanced plan or keeps the ordinary one. An encoder's
-    exchanges depend only on its own choice and the LLM's, so for each LLM choice every
-    encoder picks its cheaper option, and the cheaper of the two totals wins: the minimum over
-    all combinations, exactly, with exchange times weighed by ``exchange.margin``. Ties keep
-    the ordinary assignment. Each plan records the gain of balancing and the exchange seconds
-    balancing it adds given the others' choices, so "balanced" means gain > margin x cost.
+    The predicted step is the sum over phases of the max load plus the time of the step's
+    exchanges, which are three packed all-to-alls (``megatron.mllm.steps.phase_balanced``):
+    every encoder's inputs with the LLM's token ids; every encoder's outputs to the LLM-phase
+    worker of their sample; and their gradients back. A hop costs its latency once when any of
+    its routes moves something (else it is skipped) plus the bytes of its routes over the
+    bandwidth (:meth:`ExchangeCost.seconds` of the summed busiest-rank bytes, an upper bound).
+    Each phase either runs its balanced plan or keeps the ordinary one; every combination is
+    priced (at most 2^3 with two encoders) and the cheapest wins, with exchange times weighed
+    by ``exchange.margin``; ties keep the ordinary assignment (fewer balanced phases first).
+    Each plan records the gain of balancing and the exchange seconds balancing it adds given
+    the others' choices.
 
     Args:
         plans: every phase's balanced plan, encoders first, the LLM last.
@@ -332,43 +335,40 @@ def check_exchanges(
     missing += [f"outputs[{p.phase!r}]" for p in plans[:-1] if p.phase not in outputs]
     if missing:
         raise PlanError(f"the exchange check needs the payload bytes {', '.join(missing)}")
-    m = exchange.margin
-    llm, encoders = plans[-1], list(plans[:-1])
-    options = [_kept(llm, num_ranks), llm]  # index 0: kept, 1: balanced
-    llm_top = [float(o.loads_after.max(initial=0.0)) for o in options]
-    llm_x = [exchange.route_seconds(o.dispatch, inputs["llm"]) for o in options]
-    top, xs = {}, {}  # per encoder: max load per choice; exchange seconds per (choice, llm)
-    for e in encoders:
-        mine = [_kept(e, num_ranks), e]
-        top[e.phase] = [float(o.loads_after.max(initial=0.0)) for o in mine]
-        xs[e.phase] = [
-            [
-                exchange.route_seconds(o.dispatch, inputs[e.phase])
-                + 2.0 * exchange.route_seconds(_route_to_llm(o, lo, num_ranks), outputs[e.phase])
-                for lo in options
-            ]
-            for o in mine
+    options = [[_kept(p, num_ranks), p] for p in plans]  # per phase: 0 kept, 1 balanced
+
+    def hop_seconds(nbytes: list[float]) -> float:
+        moved = sum(nbytes)
+        return exchange.seconds(moved) if moved > 0 else 0.0
+
+    def exchange_seconds(choice: tuple[int, ...]) -> float:
+        chosen = [options[i][c] for i, c in enumerate(choice)]
+        llm = chosen[-1]
+        first = [route_bytes(o.dispatch, inputs[o.phase]) for o in chosen]
+        second = [
+            route_bytes(_route_to_llm(o, llm, num_ranks), outputs[o.phase]) for o in chosen[:-1]
         ]
+        return hop_seconds(first) + 2.0 * hop_seconds(second)
 
-    def choose(e: str, lc: int) -> int:
-        t, x = top[e], xs[e]
-        return int(t[1] + m * x[1][lc] < t[0] + m * x[0][lc])
+    def total(choice: tuple[int, ...]) -> float:
+        compute = sum(
+            float(options[i][c].loads_after.max(initial=0.0)) for i, c in enumerate(choice)
+        )
+        return compute + exchange.margin * exchange_seconds(choice)
 
-    totals = []
-    for lc in (0, 1):
-        total = llm_top[lc] + m * llm_x[lc]
-        for e in top:
-            c = choose(e, lc)
-            total += top[e][c] + m * xs[e][c][lc]
-        totals.append(total)
-    lc = int(totals[1] < totals[0])
-    chosen = {e: choose(e, lc) for e in top}
+    combos = sorted(itertools.product((0, 1), repeat=len(plans)), key=lambda c: (sum(c), c))
+    best = combos[0]
+    best_total = total(best)
+    for c in combos[1:]:
+        t = total(c)
+        if t < best_total:
+            best, best_total = c, t
     out = []
-    for e in encoders:
-        cost = xs[e.phase][1][lc] - xs[e.phase][0][lc]
-        out.append(_decided(e, chosen[e.phase], cost, num_ranks))
-    cost = llm_x[1] - llm_x[0] + sum(xs[e][c][1] - xs[e][c][0] for e, c in chosen.items())
-    out.append(_decided(llm, lc, cost, num_ranks))
+    for i, p in enumerate(plans):
+        on, off = list(best), list(best)
+        on[i], off[i] = 1, 0
+        cost = exchange_seconds(tuple(on)) - exchange_seconds(tuple(off))
+        out.append(_decided(p, best[i], cost, num_ranks))
     return out
 
 
