@@ -20,7 +20,8 @@ its code there: it must not rot.
 
 from __future__ import annotations
 
-import traceback
+import functools
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,23 +84,36 @@ class AuditReport:
         }
 
 
+@functools.lru_cache(maxsize=4096)
+def _where(filename: str) -> tuple[str | None, bool]:
+    """A frame's file: its path in the repository and whether it is ours, else a short path
+    outside (``megatron/core/...``) and False; None for torch's own files."""
+    path = Path(filename)
+    try:
+        rel = path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        rel = None
+    if rel is not None and rel.startswith(OURS):
+        return rel, True
+    if "/torch/" in path.as_posix():
+        return None, False
+    parts = path.parts
+    return ("/".join(parts[parts.index("megatron") :]) if "megatron" in parts else path.name), False
+
+
 def _site() -> tuple[str, bool]:
     """The innermost frame of ours on the stack (``path:line function``), and whether there
-    is one; otherwise the innermost frame outside torch."""
-    frames = traceback.extract_stack()[:-3]  # this function, the mode's hooks
+    is one; otherwise the innermost frame outside torch. Walks the frames without reading
+    their source (``traceback.extract_stack`` would, for every operator)."""
+    frame = sys._getframe(3)  # past this function, found() and the mode's dispatch
     outside = None
-    for frame in reversed(frames):
-        path = Path(frame.filename)
-        try:
-            rel = path.resolve().relative_to(REPO).as_posix()
-        except ValueError:
-            rel = None
-        if rel is not None and rel.startswith(OURS):
-            return f"{rel}:{frame.lineno} {frame.name}", True
-        if outside is None and "/torch/" not in path.as_posix():
-            parts = path.parts
-            short = "/".join(parts[parts.index("megatron") :]) if "megatron" in parts else path.name
-            outside = f"{short}:{frame.lineno} {frame.name}"
+    while frame is not None:
+        where, ours = _where(frame.f_code.co_filename)
+        if ours:
+            return f"{where}:{frame.f_lineno} {frame.f_code.co_name}", True
+        if outside is None and where is not None:
+            outside = f"{where}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
     return outside or "torch", False
 
 

@@ -141,11 +141,11 @@ def environment() -> dict:
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cuda": torch.version.cuda if cuda else None,
+        "cuda": torch.version.cuda if cuda else "none (CPU)",
         "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.machine()})",
         "device_count": torch.cuda.device_count() if cuda else 0,
         "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "none (CPU)",
         "cpu_count": os.cpu_count(),
         "flex_attention": importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
     }
@@ -174,6 +174,7 @@ def run_tests(dry_run: bool, deadline: float, obj: dict) -> str:
     collector = TestCollector(deadline)
     os.environ[DRY_RUN_ENV] = "1" if dry_run else "0"
     args = [str(REPO / "tests" / "gpu"), "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
+            "-p", "no:hypothesispytest",
             "-p", "no:timeout", "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml")]  # fmt: skip
     code = pytest.main(args, plugins=[collector])
     cases = collector.cases

@@ -48,10 +48,12 @@ def now() -> str:
 
 
 def skeleton(mode: str, budget_s: float) -> dict:
-    """An empty result: every section, every stage ``not run``."""
-    return {
+    """An empty result: every section, every stage ``not run``, every field of :data:`FIELDS`
+    (None where nothing has filled it yet)."""
+    obj = {
         "schema": SCHEMA, "mode": mode, "started": now(), "finished": None, "wall_s": None,
-        "budget_s": budget_s, "exit_status": None, "environment": {},
+        "budget_s": budget_s, "exit_status": None,
+        "environment": {},
         "install": {"status": "not run", "wheels": []},
         "stages": {s: {"status": "not run", "seconds": None, "budget_s": None, "reason": None}
                    for s in STAGES},
@@ -59,19 +61,36 @@ def skeleton(mode: str, budget_s: float) -> dict:
         "training": {}, "attention": {}, "calibration": {}, "mfu": {"workloads": {}},
         "skipped": [],
     }  # fmt: skip
+    for path in FIELDS:
+        *parents, leaf = path.split(".")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        node.setdefault(leaf, None)
+    return obj
 
 
-def missing_fields(obj: dict) -> list[str]:
-    """The paths of :data:`FIELDS` that ``obj`` lacks."""
+def missing_fields(obj: dict, filled: bool = False) -> list[str]:
+    """The paths of :data:`FIELDS` that ``obj`` lacks (``filled``: or holds as None)."""
     out = []
     for path in FIELDS:
         node = obj
         for key in path.split("."):
             if not isinstance(node, dict) or key not in node:
-                out.append(path)
+                node = None
                 break
             node = node[key]
+        if node is None and (filled or not _has(obj, path)):
+            out.append(path)
     return out
+
+
+def _has(obj: dict, path: str) -> bool:
+    for key in path.split("."):
+        if not isinstance(obj, dict) or key not in obj:
+            return False
+        obj = obj[key]
+    return True
 
 
 def write_json(path: str | os.PathLike, obj: dict) -> None:
@@ -137,8 +156,10 @@ def summary_lines(obj: dict) -> list[str]:
             lines.append("  attention ms (fwd+bwd): "
                          + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))  # fmt: skip
             continue
-        lines.append(f"  attention {key}: {r['kernels']} ({r.get('flex', '')}), error fwd "
-                     f"{r['forward_error']:.1e} bwd {r['backward_error']:.1e}")  # fmt: skip
+        k = r["kernels"]
+        lines.append(f"  attention {key}: forward {k['forward']}, backward {k['backward']} (flex "
+                     f"{r.get('flex', '')}), error forward {r['forward_error']:.1e}, backward "
+                     f"{r['backward_error']:.1e}")  # fmt: skip
     cal = obj.get("calibration", {})
     if cal.get("file"):
         m, d = cal.get("efficiency_measured", {}), cal.get("efficiency_semu_default", {})
