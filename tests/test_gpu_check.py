@@ -176,3 +176,25 @@ def test_device_audit_names_our_host_work():
         masked_packed_attention(q, q, q, torch.tensor([0, 30, t]), causal=True)
     same.check_state(layer)
     assert same.report.clean and not same.report.outside
+
+
+def test_a_stage_past_its_time_box_is_stopped_and_the_next_one_runs(tmp_path):
+    import time
+
+    from megatron.mllm.gpu_check import driver
+
+    obj = report.skeleton("dry-run", 60)
+    deadline = time.monotonic() + 60
+    budgets = dict(driver.BUDGETS)
+    try:
+        driver.BUDGETS.update(calibration=1.2, mfu=5.0)
+        start = time.monotonic()
+        driver._run_stage("calibration", lambda: time.sleep(30), obj, deadline, tmp_path)
+        assert time.monotonic() - start < 5
+        driver._run_stage("mfu", lambda: "passed", obj, deadline, tmp_path)
+    finally:
+        driver.BUDGETS.update(budgets)
+    cal, mfu = obj["stages"]["calibration"], obj["stages"]["mfu"]
+    assert cal["status"] == "timed out" and "time box of 1 s" in cal["reason"]
+    assert mfu["status"] == "passed"
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["stages"]["mfu"] == mfu

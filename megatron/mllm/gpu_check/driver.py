@@ -46,6 +46,7 @@ from megatron.mllm import cpu_shim
 
 cpu_shim.apply()
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from megatron.mllm.gpu_check import report  # noqa: E402
@@ -100,23 +101,14 @@ class TestCollector:
         self.sections: dict[str, dict] = {"training": {}, "attention": {}}
 
     def pytest_runtest_setup(self, item):
-        import pytest
-
         if time.monotonic() > self.deadline:
             pytest.skip("the tests stage's time box ran out before this test")
 
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
-        # A plain hook (not a wrapper): an alarm set here fires inside the test's call.
-        remaining = self.deadline - time.monotonic()
-        signal.signal(signal.SIGALRM, self._alarm)
-        signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.01))
-
-    def pytest_runtest_teardown(self, item):
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-    @staticmethod
-    def _alarm(signum, frame):
-        raise TestTimeout("ran past the tests stage's time box")
+        # Around the test's call: the alarm's exception fails this test, and no later one.
+        with time_box(self.deadline - time.monotonic(), TestTimeout):
+            return (yield)
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
@@ -145,7 +137,7 @@ def environment() -> dict:
         "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.machine()})",
         "device_count": torch.cuda.device_count() if cuda else 0,
         "device_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "none (CPU)",
+        "nccl": _nccl_version() if cuda else "none (CPU)",
         "cpu_count": os.cpu_count(),
         "flex_attention": importlib.util.find_spec("torch.nn.attention.flex_attention") is not None,
     }
@@ -167,10 +159,13 @@ def environment() -> dict:
     return info
 
 
+def _nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # a tuple in torch 2.x, an int before
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
 def run_tests(dry_run: bool, deadline: float, obj: dict) -> str:
     """``pytest -m cuda tests/gpu`` in this process; fills ``obj``; returns the stage status."""
-    import pytest
-
     collector = TestCollector(deadline)
     os.environ[DRY_RUN_ENV] = "1" if dry_run else "0"
     args = [str(REPO / "tests" / "gpu"), "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
