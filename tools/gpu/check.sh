@@ -106,7 +106,9 @@ if [ "$status" = failed ] || [ "$stages" -le 0 ]; then
 else
   flags=(--out "$out" --budget "$stages" --install "$install_json")
   [ "$dry" = 1 ] && flags+=(--dry-run)
-  timeout -k 10 "$left" "$python" -m megatron.mllm.gpu_check "${flags[@]}" 2>&1 | tee -a "$log"
+  # Both streams into the log; stderr (error lines, tracebacks) stays on stderr.
+  timeout -k 10 "$left" "$python" -m megatron.mllm.gpu_check "${flags[@]}" \
+    2> >(tee -a "$log" >&2) | tee -a "$log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     "$python" -m megatron.mllm.gpu_check.report "$out" --mode "$mode" --budget "$budget" \
