@@ -1,11 +1,13 @@
 # OrchWeave: the two commands of the README, each creating .venv with Python 3.12 when missing.
 #   make pretrain   the main job: a small three-modality pretrain on CPU, 2 gloo ranks
 #   make test       the test suite
+#   make gpu-check ARGS=OUT_DIR    the prepared GPU check (tools/gpu/check.sh; ARGS="--dry-run
+#                                  OUT_DIR" on CPU); on the GPU machine it needs no .venv
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.orchweave-installed
 
-.PHONY: venv pretrain test clean-venv
+.PHONY: venv pretrain test gpu-check clean-venv
 
 venv: $(STAMP)
 
@@ -20,6 +22,10 @@ pretrain: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# No $(STAMP): the GPU machine has no network to build .venv; check.sh installs .whl/ itself.
+gpu-check:
+	tools/gpu/check.sh $(if $(ARGS),$(ARGS),gpu-check-out)
 
 clean-venv:
 	rm -rf $(VENV)

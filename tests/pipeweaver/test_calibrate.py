@@ -57,6 +57,11 @@ class Described(NamedTuple):
 DESCRIBED = {
     "cpu-main": Described(1, (1, 1, 1), 4, 256, 16, {
         "llm": Module(4, 64, heads=4), "vision": Module(2, 64), "audio": Module(2, 64)}),
+    "gpu-check": Described(1, (1, 1, 1), 2, 8192, 16, {
+        "vision": Module(32, 1280, 3456, 16, gated=True, causal=False, billions=0.66),
+        "llm": Module(16, 2048, 8192, 32, 8, billions=1.52)}, total_billions=2.18),
+    "gpu-check-tiny": Described(1, (1, 1, 1), 4, 256, 8, {
+        "vision": Module(2, 32, 64, 4, gated=True), "llm": Module(2, 32, 64, 4, 2)}),
     "omni-84b": Described(2560, (8, 4, 1), 2, 8192, 1280, {
         "llm": Module(80, 8192, billions=72),
         "vision": Module(45, 3200, 12800, 25, gated=False),
