@@ -220,8 +220,16 @@ def check_data_parallel(args: argparse.Namespace) -> None:
         raise ConfigError(FSDP_UNSUPPORTED)
 
 
-FSDP_UNSUPPORTED = "--use-megatron-fsdp is not supported by OrchWeave yet"
-"""Why ``--use-megatron-fsdp`` is refused (see the README's list of what is not supported)."""
+FSDP_UNSUPPORTED = (
+    "--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0.19.2's Megatron-FSDP "
+    "builds its device mesh without pipeline stages (PP > 1 fails), swaps its parameters in "
+    "only around the wrapped model's forward (the balanced step and the pipeline runtime call "
+    "encoder and layer chunks directly), and with sharded parameters needs every DP rank to "
+    "run the same layers (a rank whose batch has no image skips the vision encoder); "
+    "--use-distributed-optimizer shards the optimizer state in every mode"
+)
+"""Why ``--use-megatron-fsdp`` is refused, in every mode (the README's list of what is not
+supported says the same): it would run only the PP = 1 baseline without balancing."""
 
 
 def finish_arguments(args: argparse.Namespace) -> None:

@@ -409,25 +409,6 @@ def _check_sizes(checkpoint: Checkpoint, layout: dict[str, Any]) -> None:
         )
 
 
-def _check_optimizer(checkpoint: Checkpoint, layout: dict[str, Any]) -> None:
-    """A distributed optimizer's shards fit only the same optimizer at the same DP size."""
-    saved, ours = checkpoint.layout["distributed_optimizer"], layout["distributed_optimizer"]
-    if saved != ours:
-        how = {True: "with", False: "without"}
-        raise CheckpointError(
-            f"{checkpoint.directory} was saved {how[saved]} --use-distributed-optimizer; this "
-            f"run is {how[ours]}: resume with the saved optimizer, or pass --no-load-optim to "
-            "keep only the model"
-        )
-    if saved and checkpoint.layout["dp"] != layout["dp"]:
-        raise CheckpointError(
-            f"{checkpoint.directory} holds the distributed optimizer's shards of "
-            f"{checkpoint.layout['dp']} data-parallel ranks; this run has {layout['dp']}: resume "
-            "with the saved data-parallel size (the shards are not resharded), or pass "
-            "--no-load-optim to keep only the model"
-        )
-
-
 def _verify(checkpoint: Checkpoint, relatives: list[str], digests: bool) -> None:
     """Every file is there with its manifest's size, and (``digests``) its sha256."""
     files = checkpoint.manifest["files"]
@@ -521,8 +502,9 @@ def load_checkpoint(
         if checkpoint is None:
             return None
         _check_sizes(checkpoint, layout)
-        if load_optim:
-            _check_optimizer(checkpoint, layout)
+        problem = optimizer_state.resume_problem(checkpoint.layout, layout) if load_optim else None
+        if problem:
+            raise CheckpointError(f"{checkpoint.directory} {problem}")
         reads = [model_relative]
         if load_optim and layout["distributed_optimizer"]:
             reads.append(optimizer_shard_file(ranks, layout["pp"]))
@@ -561,6 +543,10 @@ def load_checkpoint(
             )
         _check_model(path, model, state["model"])
         model.load_state_dict(state["model"])
+        if not load_optim:
+            # Main parameters kept apart from the model's (bf16, or the distributed
+            # optimizer's shards of them) follow the loaded model.
+            optimizer.reload_model_params()
         if load_optim:
             try:
                 optimizer.load_state_dict(state["optimizer"])

@@ -5,8 +5,9 @@ megatron-core hard-codes CUDA in a handful of places that a CPU run reaches: ``d
 literals (the pipeline schedules' token counter, the optimizer, grad-norm helpers),
 ``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
 buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, an assertion
-that gradients are CUDA tensors when they are clipped, and the GPU architecture that Megatron's
-argument validation reads for TP > 1.
+that gradients are CUDA tensors when they are clipped, the GPU architecture that Megatron's
+argument validation reads for TP > 1, and the ``Tensor.type()`` names (``torch.cuda.FloatTensor``)
+by which the distributed optimizer sorts the parameters it shards.
 
 Everything here is applied by :func:`apply` only when CUDA is absent; on a GPU machine it is a
 no-op, so the same code path runs with NCCL. OrchWeave's own code never needs it: it allocates

@@ -22,6 +22,29 @@ from typing import Any
 import torch
 
 
+def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
+    """Why a checkpoint's optimizer state cannot be loaded into this run, or None.
+
+    Args:
+        saved: the saving run's layout (``dp``, ``distributed_optimizer``).
+        layout: this run's.
+    """
+    mine, theirs = layout["distributed_optimizer"], saved["distributed_optimizer"]
+    if mine != theirs:
+        return (
+            f"was saved {'with' if theirs else 'without'} --use-distributed-optimizer, this run "
+            f"{'with' if mine else 'without'} it: resume with the saved optimizer, or pass "
+            "--no-load-optim to keep only the model"
+        )
+    if mine and saved["dp"] != layout["dp"]:
+        return (
+            f"holds the distributed optimizer's shards of {saved['dp']} data-parallel ranks; "
+            f"this run has {layout['dp']}: resume with the saved data-parallel size (the shards "
+            "are not resharded), or pass --no-load-optim to keep only the model"
+        )
+    return None
+
+
 def optimizer_parts(optimizer) -> list:
     """The optimizers inside megatron-core's optimizer (one, or a ``ChainedOptimizer``'s)."""
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))

@@ -5,8 +5,8 @@ in every step mode, and its sharded state resumes exactly.
 One launch of 2 gloo ranks trains, one after the other: DDP at DP=2 (the reference); the
 distributed optimizer at DP=2 unbalanced and balanced (also on a workload where rank 1 loads no
 image and no audio, so its encoders get no gradient), at PP=2 with megatron-core's engine and
-with the runtime's dynamic schedule; resumes from iteration 2 of three of them; and a resume
-with the other optimizer, which must be refused.
+with the runtime's dynamic schedule; resumes from iteration 2 of three of them, one of the model
+alone (``--no-load-optim``); and a resume with the other optimizer, which must be refused.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def runs(tmp_path_factory):
     for mode in RESUMED:
         load = ["--load", str(out / "ckpt" / mode), "--ckpt-step", "2"]
         configs[f"distopt-{mode}-resumed"] = [*THREE, *DISTOPT, *MODES[mode], *load]
+    model_only = ["--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2", "--no-load-optim"]
+    configs["distopt-dp2-model-only"] = [*THREE, *DISTOPT, *model_only]
     configs["ddp-loads-distopt"] = [*THREE, "--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2"]
     argv = [str(out)]
     for name, flags in configs.items():
@@ -119,10 +121,18 @@ def test_a_resumed_run_continues_bit_for_bit(runs, mode):
         assert torch.equal(p, ref_params[name]), name
 
 
+def test_no_load_optim_restores_the_model_alone(runs):
+    full = _records(runs / "distopt-dp2.jsonl")
+    (resumed,) = _records(runs / "distopt-dp2-model-only.jsonl")
+    # Iteration 3's loss comes before its update: the model alone decides it.
+    assert resumed["iteration"] == 3 and resumed["lm_loss"] == full[2]["lm_loss"]
+
+
 def test_a_resume_with_the_other_optimizer_is_refused_on_every_rank(runs):
     messages = [(runs / f"ddp-loads-distopt.rank{r}.error").read_text() for r in (0, 1)]
     assert messages[0] == messages[1]
     assert messages[0] == (
-        f"{runs}/ckpt/dp2/iter_0000002 was saved with --use-distributed-optimizer; this run is "
-        "without: resume with the saved optimizer, or pass --no-load-optim to keep only the model"
+        f"{runs}/ckpt/dp2/iter_0000002 was saved with --use-distributed-optimizer, this run "
+        "without it: resume with the saved optimizer, or pass --no-load-optim to keep only the "
+        "model"
     )
