@@ -139,6 +139,7 @@ def parse_arguments(argv: Sequence[str] | None = None, world_size: int | None = 
             args.world_size = world_size
             check_required(args)
             check_layout(args)
+            check_data_parallel(args)
             try:
                 validate_args(args, {})
             except AssertionError as e:
@@ -198,6 +199,37 @@ def check_layout(args: argparse.Namespace) -> None:
             f"--global-batch-size {gbs} is not a multiple of --micro-batch-size {mbs} x "
             f"data-parallel size {dp}"
         )
+
+
+def check_data_parallel(args: argparse.Namespace) -> None:
+    """Reject the data-parallel options that OrchWeave's steps cannot run, naming the flag.
+
+    Runs before Megatron's validation, which would reject ``--use-megatron-fsdp`` on a point
+    beside this one (its checkpoint format).
+    """
+    for flag, value in (("--overlap-grad-reduce", args.overlap_grad_reduce),
+                        ("--overlap-param-gather", args.overlap_param_gather)):  # fmt: skip
+        if value:
+            raise ConfigError(
+                f"{flag} is not supported by OrchWeave: megatron-core reduces a gradient bucket "
+                "as soon as every parameter in it has its gradient, and a rank whose batch holds "
+                "no image (or audio) computes none for that encoder, so its buckets never start "
+                "(gradients are reduced after the backward instead)"
+            )
+    if args.use_megatron_fsdp:
+        raise ConfigError(FSDP_UNSUPPORTED)
+
+
+FSDP_UNSUPPORTED = (
+    "--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0.19.2's Megatron-FSDP "
+    "builds its device mesh without pipeline stages (PP > 1 fails), swaps its parameters in "
+    "only around the wrapped model's forward (the balanced step and the pipeline runtime call "
+    "encoder and layer chunks directly), and with sharded parameters needs every DP rank to "
+    "run the same layers (a rank whose batch has no image skips the vision encoder); "
+    "--use-distributed-optimizer shards the optimizer state in every mode"
+)
+"""Why ``--use-megatron-fsdp`` is refused, in every mode (the README's list of what is not
+supported says the same): it would run only the PP = 1 baseline without balancing."""
 
 
 def finish_arguments(args: argparse.Namespace) -> None:

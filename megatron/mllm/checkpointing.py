@@ -8,6 +8,8 @@ Layout (Megatron-LM's, plus one random-state file per rank and a manifest)::
     SAVE/iter_0000100/mp_rank_00/model_optim_rng.pt     model, optimizer, scheduler (PP = 1)
     SAVE/iter_0000100/mp_rank_00/rng_dp_0000.pt         random states of DP rank 0
     SAVE/iter_0000100/mp_rank_00/rng_dp_0001.pt         ... of DP rank 1
+    SAVE/iter_0000100/mp_rank_00/distrib_optim_dp_0000.pt   DP rank 0's optimizer shard
+                                                        (--use-distributed-optimizer)
     SAVE/iter_0000100/mp_rank_00_001/...                the same per (TP, PP) rank, PP > 1
 
 Data-parallel rank 0 of each (TP, PP) rank writes its model file; every rank writes its own
@@ -17,7 +19,9 @@ order is a pure function of the iteration, so model, optimizer and random states
 run exactly. A run with another DP size gets the same global batches, but its ranks' random
 states cannot be mapped onto the saved ones: it resumes with a warning that they are not
 restored (dropout then differs from an uninterrupted run). Another TP or PP size is an error:
-these files are not resharded.
+these files are not resharded. With ``--use-distributed-optimizer`` every DP rank also writes
+its shard of the optimizer state (:mod:`megatron.mllm.optimizer_state`); those shards are
+not resharded either, so such a checkpoint resumes with the same DP size and optimizer.
 
 A save is complete only when its manifest exists: every rank writes its files (each through a
 temporary name, fsynced, then renamed), the ranks gather the files' sizes and digests, and
@@ -41,13 +45,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from megatron.mllm import distributed
+from megatron.mllm import distributed, optimizer_state
 
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 _ITERATION_DIR = re.compile(r"iter_(\d+)$")
+_MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer")
+"""What a manifest records of the saving run's layout (older ones lack the optimizer's)."""
 
 # The flags that size each module's parameters, for a checkpoint of another model size.
 _SIZE_FLAGS = {
@@ -88,6 +94,13 @@ def model_file(ranks: Ranks, pp_size: int) -> str:
 def rng_file(ranks: Ranks, pp_size: int) -> str:
     """A rank's random-state file, relative to its iteration."""
     return os.path.join(_rank_dir(ranks.tp, ranks.pp, pp_size), f"rng_dp_{ranks.dp:04d}.pt")
+
+
+def optimizer_shard_file(ranks: Ranks, pp_size: int) -> str:
+    """A DP rank's shard of the distributed optimizer's state, relative to its iteration."""
+    return os.path.join(
+        _rank_dir(ranks.tp, ranks.pp, pp_size), f"distrib_optim_dp_{ranks.dp:04d}.pt"
+    )
 
 
 # ------------------------------------------------------------------------------ random states
@@ -221,7 +234,8 @@ def save_checkpoint(
     """Save this rank's share of ``iteration``; collective over all ranks.
 
     Args:
-        layout: the trainer's parallel layout: ``tp``, ``pp``, ``dp`` sizes and ``chunks``.
+        layout: the trainer's parallel layout: ``tp``, ``pp``, ``dp`` sizes, ``chunks`` and
+            ``distributed_optimizer``.
 
     Returns:
         The iteration's directory.
@@ -250,13 +264,16 @@ def save_checkpoint(
                 "opt_param_scheduler": scheduler.state_dict(),
             }
             entries.append(_write_file(directory, model_file(ranks, layout["pp"]), state))
+        if layout["distributed_optimizer"]:
+            shard = optimizer_state.shard_state(optimizer)
+            entries.append(_write_file(directory, optimizer_shard_file(ranks, layout["pp"]), shard))
         entries.append(_write_file(directory, rng_file(ranks, layout["pp"]), rng_state()))
         return entries
 
     def commit() -> None:
         manifest = {
             "iteration": iteration,
-            "layout": {k: layout[k] for k in ("tp", "pp", "dp")},
+            "layout": {k: layout[k] for k in _MANIFEST_LAYOUT},
             "files": files,
         }
         _write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1))
@@ -288,8 +305,8 @@ class Checkpoint:
 
     @property
     def layout(self) -> dict[str, int]:
-        """The saving run's ``tp``, ``pp`` and ``dp`` sizes."""
-        return self.manifest["layout"]
+        """The saving run's ``tp``, ``pp`` and ``dp`` sizes and ``distributed_optimizer``."""
+        return {"distributed_optimizer": False, **self.manifest["layout"]}
 
     def path(self, relative: str) -> str:
         """A file's path from its name in the manifest."""
@@ -485,7 +502,12 @@ def load_checkpoint(
         if checkpoint is None:
             return None
         _check_sizes(checkpoint, layout)
+        problem = optimizer_state.resume_problem(checkpoint.layout, layout) if load_optim else None
+        if problem:
+            raise CheckpointError(f"{checkpoint.directory} {problem}")
         reads = [model_relative]
+        if load_optim and layout["distributed_optimizer"]:
+            reads.append(optimizer_shard_file(ranks, layout["pp"]))
         if load_rng and checkpoint.layout["dp"] == layout["dp"]:
             reads.append(rng_file(ranks, layout["pp"]))
         _verify(checkpoint, reads, digests=True)
@@ -521,11 +543,21 @@ def load_checkpoint(
             )
         _check_model(path, model, state["model"])
         model.load_state_dict(state["model"])
+        if not load_optim:
+            # Main parameters kept apart from the model's (bf16, or the distributed
+            # optimizer's shards of them) follow the loaded model.
+            optimizer.reload_model_params()
         if load_optim:
             try:
                 optimizer.load_state_dict(state["optimizer"])
             except (ValueError, KeyError, RuntimeError) as e:
                 raise CheckpointError(f"{path}: its optimizer state does not fit: {e}") from e
+            if layout["distributed_optimizer"]:
+                shard_path = checkpoint.path(optimizer_shard_file(ranks, layout["pp"]))
+                try:
+                    optimizer_state.load_shard_state(optimizer, _read(shard_path))
+                except ValueError as e:
+                    raise CheckpointError(f"{shard_path} does not fit this run: {e}") from e
             try:
                 scheduler.load_state_dict(state["opt_param_scheduler"])
             except AssertionError as e:

@@ -144,7 +144,7 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
             pipeline=run.parallel.pipeline,
             llm_chunks_per_rank=lang.virtual_pipeline_model_parallel_size or 1,
             sequence_parallel=bool(lang.sequence_parallel) and tp > 1,
-            # As Megatron's flag asks: the trainer itself does not shard the optimizer yet.
+            # As Megatron's flag asks (the trainer shards the optimizer state the same way).
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
         ),
         training=TrainingSetup(

@@ -5,8 +5,9 @@ megatron-core hard-codes CUDA in a handful of places that a CPU run reaches: ``d
 literals (the pipeline schedules' token counter, the optimizer, grad-norm helpers),
 ``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
 buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, an assertion
-that gradients are CUDA tensors when they are clipped, and the GPU architecture that Megatron's
-argument validation reads for TP > 1.
+that gradients are CUDA tensors when they are clipped, the GPU architecture that Megatron's
+argument validation reads for TP > 1, and the ``Tensor.type()`` names (``torch.cuda.FloatTensor``)
+by which the distributed optimizer sorts the parameters it shards.
 
 Everything here is applied by :func:`apply` only when CUDA is absent; on a GPU machine it is a
 no-op, so the same code path runs with NCCL. OrchWeave's own code never needs it: it allocates
@@ -15,6 +16,7 @@ on the device of the tensors it already holds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -38,6 +40,33 @@ class _CudaToCpuMode(torch.overrides.TorchFunctionMode):
         if device is not None and str(device).startswith("cuda"):
             kwargs["device"] = "cpu"
         return func(*args, **kwargs)
+
+
+class _CudaTypeNamesMode(torch.overrides.TorchFunctionMode):
+    """Answers ``Tensor.type()`` for a CPU tensor with its CUDA name (``torch.cuda.FloatTensor``).
+
+    megatron-core's distributed optimizer sorts the parameters it shards by these names and
+    rejects any other; entered only around its constructor, so nothing else sees the names.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            if isinstance(result, str) and not result.startswith("torch.cuda."):
+                result = "torch.cuda." + result[len("torch.") :]
+        return result
+
+
+def _with_cuda_type_names(function):
+    """``function`` run inside :class:`_CudaTypeNamesMode`."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with _CudaTypeNamesMode():
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 class _CpuDeviceProperties:
@@ -126,6 +155,9 @@ def apply() -> bool:
     from megatron.core.optimizer import optimizer as mcore_optimizer
 
     mcore_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    DistributedOptimizer.__init__ = _with_cuda_type_names(DistributedOptimizer.__init__)
     _applied = True
     logger.debug("megatron-core CPU compatibility shim applied")
     return True

@@ -355,15 +355,15 @@ class RunConfig:
         checkpoint = config_from_args(
             CheckpointConfig, args, load_optim=not args.no_load_optim, load_rng=not args.no_load_rng
         )
-        # Megatron's flag names differ from DDP's fields here; overlapped gradient reduction and
-        # the distributed optimizer are not supported by OrchWeave's steps yet.
+        # Megatron's flag names differ from DDP's fields here. The distributed optimizer
+        # (--use-distributed-optimizer) shards over DP in DDP and in the optimizer alike;
+        # overlapped reduction and gathers are rejected by megatron.mllm.arguments.
         ddp = config_from_args(
             DistributedDataParallelConfig,
             args,
             grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
             check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
-            overlap_grad_reduce=False,
-            use_distributed_optimizer=False,
+            use_distributed_optimizer=args.use_distributed_optimizer,
         )
         encoders = {}
         for name in ENCODER_NAMES:

@@ -243,9 +243,15 @@ class Trainer:
 
     @property
     def layout(self) -> dict[str, Any]:
-        """The parallel layout and chunk placement, as stored in checkpoints."""
+        """The parallel layout, chunk placement and optimizer sharding, as stored in checkpoints."""
         p = self.run.parallel
-        return {"tp": p.tensor, "pp": p.pipeline, "dp": self.dp_size, "chunks": self.model.layout()}
+        return {
+            "tp": p.tensor,
+            "pp": p.pipeline,
+            "dp": self.dp_size,
+            "chunks": self.model.layout(),
+            "distributed_optimizer": bool(self.run.ddp.use_distributed_optimizer),
+        }
 
     # ----------------------------------------------------------------------------- step
 

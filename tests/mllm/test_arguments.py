@@ -69,6 +69,12 @@ def test_the_typed_run_config_carries_every_flag():
     assert "Hidden classes of synthetic images/audio" in help_text
 
 
+def test_the_distributed_optimizer_shards_in_ddp_and_in_the_optimizer_alike():
+    run = RunConfig.from_args(parse_arguments([*BASE, "--use-distributed-optimizer"], 2))
+    assert run.ddp.use_distributed_optimizer and run.optimizer.use_distributed_optimizer
+    assert not run.ddp.overlap_grad_reduce and not run.ddp.overlap_param_gather
+
+
 HUGE = 10**20
 """A token count no int64 holds."""
 
@@ -107,6 +113,15 @@ BAD_INPUT = [
     (["--post-balance-token-caps", "llm=10"], 2,
      r"--post-balance-token-caps caps what balancing gives a rank: it needs --post-balance"),
     (["--step-prediction"], 2, r"--step-prediction .* needs --timing-log-level 1 or 2"),
+    # Sharded data parallelism: what OrchWeave's steps cannot run, before Megatron's checks.
+    (["--use-distributed-optimizer", "--overlap-grad-reduce"], 2,
+     r"--overlap-grad-reduce is not supported by OrchWeave: .* a rank whose batch holds no "
+     r"image \(or audio\) computes none for that encoder"),
+    (["--use-distributed-optimizer", "--overlap-param-gather"], 2,
+     r"--overlap-param-gather is not supported by OrchWeave"),
+    (["--use-megatron-fsdp"], 2,
+     r"--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0\.19\.2's "
+     r"Megatron-FSDP builds its device mesh without pipeline stages"),
     (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),
     (["--cost-calibration", "nowhere.json"], 2,
      r"--cost-calibration nowhere.json: calibration file not found"),

@@ -1,0 +1,59 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""torchrun worker: train each configuration in turn, with reduced gradients for any optimizer.
+
+Usage: ``optim_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. As ``train_worker.py``:
+each configuration trains with a fresh trainer, writes its metrics to ``OUT_DIR/NAME.jsonl``
+and ``OUT_DIR/NAME/rank{R}.pt`` (the last iteration's gradients and the final parameters by
+global name). With the distributed optimizer a DP rank's gradient buffers hold the reduced
+gradients of its own slice only, so the slices are gathered first: every rank then has what
+DDP's all-reduce leaves. A configuration whose trainer refuses its checkpoint writes each
+rank's message to ``OUT_DIR/NAME.rank{R}.error`` instead.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from grad_worker import configurations
+from train_worker import fresh_trainer
+
+from megatron.mllm.checkpointing import CheckpointError
+
+
+def gather_reduced_grads(trainer) -> None:
+    """Make every DP rank's gradient buffers hold the reduced gradients of every slice, as
+    megatron-core's reduce-scatter cut them (bucket by bucket, ``dp`` equal slices)."""
+    if not trainer.run.ddp.use_distributed_optimizer:
+        return
+    group = trainer.pg_collection.dp
+    for buffer in trainer.ddp_model.buffers:
+        for bucket in buffer.buckets:
+            mine = bucket.grad_data.chunk(group.size())[group.rank()].clone()
+            dist.all_gather_into_tensor(bucket.grad_data, mine, group=group)
+
+
+def main() -> None:
+    out_dir = sys.argv[1]
+    for name, flags in configurations(sys.argv[2:]):
+        try:
+            trainer = fresh_trainer(
+                [*flags, "--metrics-jsonl", os.path.join(out_dir, f"{name}.jsonl")]
+            )
+        except CheckpointError as e:
+            with open(os.path.join(out_dir, f"{name}.rank{dist.get_rank()}.error"), "w") as f:
+                f.write(str(e))
+            continue
+        trainer.train()
+        gather_reduced_grads(trainer)
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        torch.save(
+            {"grads": trainer.main_grads(), "params": trainer.parameters_by_name(), "loss": None},
+            os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
+        )
+        del trainer
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The distributed optimizer (``--use-distributed-optimizer``, ZeRO-1) learns what DDP learns,
+in every step mode, and its sharded state resumes exactly.
+
+One launch of 2 gloo ranks trains, one after the other: DDP at DP=2 (the reference); the
+distributed optimizer at DP=2 unbalanced and balanced (also on a workload where rank 1 loads no
+image and no audio, so its encoders get no gradient), at PP=2 with megatron-core's engine and
+with the runtime's dynamic schedule; resumes from iteration 2 of three of them, one of the model
+alone (``--no-load-optim``); and a resume with the other optimizer, which must be refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from equivalence import TINY, assert_trains_the_same, merge, variable_workload, without_key_biases
+from launch import check, torchrun
+
+pytestmark = pytest.mark.multiproc
+
+OPTIM_WORKER = Path(__file__).with_name("optim_worker.py")
+HEADS = int(TINY[TINY.index("--num-attention-heads") + 1])
+DISTOPT = ["--use-distributed-optimizer"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+THREE = ["--train-iters", "3", "--lr-warmup-iters", "1"]
+MODES = {
+    "dp2": [],
+    "dp2-balanced": ["--post-balance", "auto"],
+    "pp2-megatron": PP2,
+    "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic"],
+}
+"""Every mode runs with the distributed optimizer; DDP's DP=2 run is the reference of all."""
+RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic")
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("optim")
+    variable = variable_workload(out)
+    configs = {"ddp": THREE, "variable-ddp": [*THREE, *variable]}
+    for mode, flags in MODES.items():
+        save = ["--save", str(out / "ckpt" / mode), "--save-interval", "2"]
+        configs[f"distopt-{mode}"] = [*THREE, *DISTOPT, *flags, *save]
+    configs["variable-distopt-dp2-balanced"] = [*THREE, *DISTOPT, *variable, *MODES["dp2-balanced"]]
+    for mode in RESUMED:
+        load = ["--load", str(out / "ckpt" / mode), "--ckpt-step", "2"]
+        configs[f"distopt-{mode}-resumed"] = [*THREE, *DISTOPT, *MODES[mode], *load]
+    model_only = ["--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2", "--no-load-optim"]
+    configs["distopt-dp2-model-only"] = [*THREE, *DISTOPT, *model_only]
+    configs["ddp-loads-distopt"] = [*THREE, "--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2"]
+    argv = [str(out)]
+    for name, flags in configs.items():
+        argv += [name, *TINY, *flags, "---"]
+    check(torchrun(2, OPTIM_WORKER, argv, timeout=600))
+    return out
+
+
+def _merged(out: Path, name: str):
+    return merge([torch.load(out / name / f"rank{r}.pt") for r in (0, 1)])
+
+
+def _learned(out: Path, name: str):
+    """Last gradients and final parameters, without the key biases (round-off only, see
+    ``equivalence.without_key_biases``)."""
+    grads, params, _ = _merged(out, name)
+    grads, _ = without_key_biases(grads, HEADS, HEADS)
+    params, _ = without_key_biases(params, HEADS, HEADS)
+    return grads, params
+
+
+COMPARED = {
+    **{f"distopt-{mode}": "ddp" for mode in MODES},
+    "variable-distopt-dp2-balanced": "variable-ddp",
+}
+"""Each distributed-optimizer run and the DDP run it must learn the same as."""
+
+
+@pytest.mark.parametrize("name", list(COMPARED))
+def test_distributed_optimizer_learns_what_ddp_learns(runs, name):
+    reference = COMPARED[name]
+    records, ref_records = _records(runs / f"{name}.jsonl"), _records(runs / f"{reference}.jsonl")
+    assert len(records) == 3
+    # Losses, the optimizer's own gradient norm (summed over the shards), the last gradients
+    # (gathered from the shards) and the updated parameters, within 1e-5.
+    assert_trains_the_same(records, _learned(runs, name), ref_records, _learned(runs, reference))
+
+
+def test_the_state_is_sharded_one_file_per_rank(runs):
+    directory = runs / "ckpt" / "dp2" / "iter_0000002"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["layout"] == {"tp": 1, "pp": 1, "dp": 2, "distributed_optimizer": True}
+    sizes = []
+    for r in (0, 1):
+        (shard,) = torch.load(directory / "mp_rank_00" / f"distrib_optim_dp_{r:04d}.pt")
+        entries = [e for buckets in shard[0].values() for bucket in buckets for e in bucket]
+        sizes.append(sum(e["param"].numel() for e in entries))
+        assert all(e["exp_avg_sq"].sum() > 0 for e in entries if e["param"].numel())
+    # Each rank holds about half of the main parameters and moments, not a replica.
+    total = sum(p.numel() for p in torch.load(runs / "ddp" / "rank0.pt")["params"].values())
+    assert sum(sizes) == total and abs(sizes[0] - sizes[1]) <= total // 10, (sizes, total)
+
+
+@pytest.mark.parametrize("mode", RESUMED)
+def test_a_resumed_run_continues_bit_for_bit(runs, mode):
+    full = _records(runs / f"distopt-{mode}.jsonl")
+    resumed = _records(runs / f"distopt-{mode}-resumed.jsonl")
+    assert [r["iteration"] for r in resumed] == [3]
+    assert resumed[0]["lm_loss"] == full[2]["lm_loss"]
+    assert resumed[0]["grad_norm"] == full[2]["grad_norm"]
+    # The moments were restored: the last update, and so every parameter, is the same.
+    params = _merged(runs, f"distopt-{mode}-resumed")[1]
+    ref_params = _merged(runs, f"distopt-{mode}")[1]
+    for name, p in params.items():
+        assert torch.equal(p, ref_params[name]), name
+
+
+def test_no_load_optim_restores_the_model_alone(runs):
+    full = _records(runs / "distopt-dp2.jsonl")
+    (resumed,) = _records(runs / "distopt-dp2-model-only.jsonl")
+    # Iteration 3's loss comes before its update: the model alone decides it.
+    assert resumed["iteration"] == 3 and resumed["lm_loss"] == full[2]["lm_loss"]
+
+
+def test_a_resume_with_the_other_optimizer_is_refused_on_every_rank(runs):
+    messages = [(runs / f"ddp-loads-distopt.rank{r}.error").read_text() for r in (0, 1)]
+    assert messages[0] == messages[1]
+    assert messages[0] == (
+        f"{runs}/ckpt/dp2/iter_0000002 was saved with --use-distributed-optimizer, this run "
+        "without it: resume with the saved optimizer, or pass --no-load-optim to keep only the "
+        "model"
+    )
