@@ -163,10 +163,15 @@ class Dispatcher:
         self.bytes_moved = 0
         """Bytes that crossed ranks in every exchange since :meth:`reset_counters`, summed over
         all ranks (the same number on every rank: it comes from the count matrices)."""
+        self.exchanges: list[tuple[str | None, float, float]] = []
+        """Since :meth:`reset_counters`, per :meth:`exchange_many` that ran: its label, its
+        busiest rank's bytes (sent or received, the larger; the same on every rank) and this
+        rank's seconds in it (waiting for the others included)."""
 
     def reset_counters(self) -> None:
-        """Zero the byte counter."""
+        """Zero the byte counter and forget the exchanges recorded."""
         self.bytes_moved = 0
+        self.exchanges = []
 
     def all_gather_arrays(
         self, local: np.ndarray, what: str = "array all-gather"
@@ -363,8 +368,12 @@ class Dispatcher:
         send = torch.cat([blk for d in range(self.world) for blk in sends[d]]) if parts else (
             torch.empty(0, dtype=torch.uint8, device=device)
         )  # fmt: skip
+        start = time.perf_counter()
         with self._timed("all-to-all", label):
             recv = self._exchange(send, byte_counts, label)
+        off = byte_counts - np.diag(byte_counts.diagonal())
+        busiest = float(max(off.sum(axis=1).max(), off.sum(axis=0).max()))
+        self.exchanges.append((label, busiest, time.perf_counter() - start))
         pieces = [[] for _ in parts]
         offset = 0
         for s in range(self.world):

@@ -230,12 +230,15 @@ def save_checkpoint(
     scheduler,
     layout: dict[str, Any],
     ranks: Ranks,
+    step_state: dict[str, Any] | None = None,
 ) -> str:
     """Save this rank's share of ``iteration``; collective over all ranks.
 
     Args:
         layout: the trainer's parallel layout: ``tp``, ``pp``, ``dp`` sizes, ``chunks`` and
             ``distributed_optimizer``.
+        step_state: this rank's training-step state (the balancer's fitted costs and its
+            measured times not yet gathered), saved with its random states.
 
     Returns:
         The iteration's directory.
@@ -267,7 +270,10 @@ def save_checkpoint(
         if layout["distributed_optimizer"]:
             shard = optimizer_state.shard_state(optimizer)
             entries.append(_write_file(directory, optimizer_shard_file(ranks, layout["pp"]), shard))
-        entries.append(_write_file(directory, rng_file(ranks, layout["pp"]), rng_state()))
+        rank_state = rng_state()
+        if step_state:
+            rank_state["step"] = step_state
+        entries.append(_write_file(directory, rng_file(ranks, layout["pp"]), rank_state))
         return entries
 
     def commit() -> None:
@@ -480,11 +486,15 @@ def load_checkpoint(
     ckpt_step: int | None = None,
     load_optim: bool = True,
     load_rng: bool = True,
+    step=None,
 ) -> int:
     """Restore this rank's state from the checkpoint under ``root``; collective.
 
     Every file this rank reads is verified against the manifest first; global rank 0 also
     checks that every file of the manifest is there with its size.
+
+    With the random states (same DP size, not ``--no-load-rng``) the training step's state
+    saved beside them is restored into ``step`` (its ``load_state_dict``).
 
     Returns:
         The iteration to resume after (0 when ``root`` holds no checkpoint).
@@ -568,7 +578,10 @@ def load_checkpoint(
                     "--use-checkpoint-opt-param-scheduler to use the checkpoint's"
                 ) from e
         if restore_rng:
-            set_rng_state(_read(checkpoint.path(rng_file(ranks, layout["pp"]))))
+            rank_state = _read(checkpoint.path(rng_file(ranks, layout["pp"])))
+            set_rng_state(rank_state)
+            if step is not None and "step" in rank_state:
+                step.load_state_dict(rank_state["step"])
 
     _on_every_rank(restore)
     if load_rng and not restore_rng and first:

@@ -120,6 +120,9 @@ class IterationLog:
             distributed.world_size(), tr.optimizer.param_groups[0]["lr"], gbs, result.loss,
             result.grad_norm,
         )  # fmt: skip
+        note = tr.step.log_note()
+        if note:
+            line += f" {note} |"
         if self.timed:
             line += "\n" + self.timer_log.format()
             self.timer_log = TimerLog(tr.timers.option)

@@ -114,6 +114,20 @@ class PostBalanceConfig:
     gathered one iteration early, with the plan digest riding on that gather);
     --no-plan-ahead plans every iteration at the start of its step."""
 
+    cost_fit: bool = field(
+        default=True, metadata={"argparse_meta": {"arg_names": ["--no-cost-fit"]}}
+    )
+    """Per-phase balancing (PP = 1): fit the cost model's coefficients of every phase, and the
+    all-to-all's latency and bandwidth, to the measured per-rank times online, and keep a
+    phase's ordinary assignment when its predicted gain does not pay for its exchanges;
+    --no-cost-fit plans with the starting model (FLOPs, or --cost-calibration) throughout."""
+
+    cost_fit_warmup: int = 8
+    """Iterations measured before the fitted costs replace the starting model."""
+
+    cost_fit_window: int = 64
+    """Recent iterations the cost fit is computed over."""
+
     post_balance_token_caps: list[str] = field(
         default_factory=list, metadata={"argparse_meta": {"metavar": "PHASE=TOKENS"}}
     )

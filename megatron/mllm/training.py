@@ -239,6 +239,7 @@ class Trainer:
             self.iteration = checkpointing.load_checkpoint(
                 c.load, self.ddp_model, self.optimizer, self.scheduler, self.layout, self.ranks,
                 ckpt_step=c.ckpt_step, load_optim=c.load_optim, load_rng=c.load_rng,
+                step=self.step,
             )  # fmt: skip
 
     @property
@@ -345,6 +346,8 @@ class Trainer:
             m["num_microbatches"] = balanced.num_microbatches
             m["plan_source"] = balanced.plan_source
             m["plan_background_s"] = balanced.plan_background_s
+            m["plan_digest"] = balanced.plan_digest
+            m["unit"] = balanced.unit
         return m
 
     def train(self) -> list[IterationResult]:
@@ -393,7 +396,7 @@ class Trainer:
         root = self.run.checkpoint.save
         directory = checkpointing.save_checkpoint(
             root, self.iteration, self.ddp_model, self.optimizer, self.scheduler, self.layout,
-            self.ranks,
+            self.ranks, step_state=self.step.state_dict(),
         )  # fmt: skip
         if distributed.global_rank() == 0:
             print(f" saved checkpoint at iteration {self.iteration:7d} to {root}", flush=True)

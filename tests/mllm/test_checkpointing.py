@@ -59,6 +59,13 @@ def runs(tmp_path_factory):
                 [f"{name}-full", *base, "--save", ckpt, "--save-interval", "2"],
                 [f"{name}-resumed", *base, "--load", ckpt, "--ckpt-step", "2"],
             ]
+    # Costs fitted online from the first measured iteration on, saved at 3 and resumed.
+    fitted = [*TINY, "--post-balance", "auto", "--train-iters", "6", "--cost-fit-warmup", "1"]
+    configs += [
+        ["fit-full", *fitted, "--save", str(out / "fit"), "--save-interval", "3"],
+        ["fit-resumed", *fitted, "--load", str(out / "fit"), "--ckpt-step", "3"],
+        ["fit-none", *TINY, "--train-iters", "6"],
+    ]
     damaged = out / "tp2" / "iter_0000002" / "mp_rank_01" / "model_optim_rng.pt"
     configs += [
         ["tp2-damaged", *TINY, *DROPOUT, *LAYOUTS["tp2"], "--load", str(out / "tp2"),
@@ -90,6 +97,30 @@ def test_resume_with_dropout_gives_the_uninterrupted_losses_bit_for_bit(runs, la
         assert sorted(resumed) == [3, 4]
     for iteration, loss in resumed.items():
         assert loss == full[iteration], (layout, iteration, loss, full[iteration])
+
+
+def _records(path: Path) -> dict[int, dict]:
+    return {m["iteration"]: m for m in map(json.loads, path.read_text().splitlines())}
+
+
+def test_a_resume_plans_with_the_fitted_costs_the_uninterrupted_run_had(runs):
+    # Iteration 4's plan is made from the fits as they were after iteration 2, iteration 5's
+    # after 3 (whose times were measured before the save, gathered after it): both come from
+    # the checkpoint, so the resumed run makes the uninterrupted run's plans, with fitted
+    # (seconds) costs, and learns bit for bit what it learnt. Later plans follow times measured
+    # anew.
+    full, resumed = _records(runs / "fit-full.jsonl"), _records(runs / "fit-resumed.jsonl")
+    assert sorted(resumed) == [4, 5, 6]
+    for i in (4, 5):
+        assert full[i]["unit"] == "seconds", full[i]["unit"]
+        assert resumed[i]["plan_digest"] == full[i]["plan_digest"], i
+        assert resumed[i]["lm_loss"] == full[i]["lm_loss"], i
+    assert resumed[6]["lm_loss"] == pytest.approx(full[6]["lm_loss"], rel=1e-5)
+    # Whatever the fitted costs decided (balance or keep each phase), the run learns what
+    # upstream Megatron's assignment learns.
+    none = _records(runs / "fit-none.jsonl")
+    for i in range(1, 7):
+        assert full[i]["lm_loss"] == pytest.approx(none[i]["lm_loss"], rel=1e-5), i
 
 
 def test_every_rank_saves_its_own_random_states(runs):

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.data import LoadedMicrobatch
+from megatron.mllm.steps.cost_feedback import CostFeedback
 from megatron.mllm.steps.plan_ahead import PlanAhead, check_control_digests, digest_words
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
@@ -67,6 +68,13 @@ class BalanceStats:
 
     plan_background_s: float = 0.0
     """Seconds the background thread spent on the plan (0 when made in the step)."""
+
+    plan_digest: str = ""
+    """The plan's digest (the same on every rank)."""
+
+    decisions: str = ""
+    """Per phase, balanced or kept by the exchange check, with gain and cost (empty without
+    the check)."""
 
 
 class TrainingStep:
@@ -118,6 +126,17 @@ class TrainingStep:
 
     def close(self) -> None:
         """Release what the step holds beyond the run (a planning thread)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs of the step, this rank's (empty: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+    def log_note(self) -> str | None:
+        """What the step adds to the log line (None: nothing)."""
+        return None
 
 
 def take(data_iterator, num_microbatches: int) -> list[LoadedMicrobatch]:
@@ -212,6 +231,8 @@ class BalancedStep(TrainingStep):
         )
         self.plan_source = "step"
         """Where the latest plan was made: ``step`` or ``ahead``."""
+        self.feedback: CostFeedback | None = None
+        """The online fits of the costs (the per-phase step's, when on), else None."""
 
     def describe_balance(self, mode: str) -> str:
         """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
@@ -220,7 +241,8 @@ class BalancedStep(TrainingStep):
             text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
         return text
 
-    def plan_within_caps(self, planner: Callable[..., Any], metadata, **kwargs) -> Any:
+    def plan_within_caps(self, planner: Callable[..., Any], metadata, cost_model: CostModel,
+                         **kwargs) -> Any:  # fmt: skip
         """``planner(metadata, cost_model, algorithm=..., caps=--post-balance-token-caps,
         **kwargs)``; caps it cannot meet stop the run with the flag, the phase and the sizes.
 
@@ -230,7 +252,7 @@ class BalancedStep(TrainingStep):
         """
         caps = self.balance.token_caps
         try:
-            return planner(metadata, self.cost_model, algorithm=self.algorithm, caps=caps, **kwargs)
+            return planner(metadata, cost_model, algorithm=self.algorithm, caps=caps, **kwargs)
         except InfeasibleCapError as e:
             flag = "--post-balance-token-caps"
             if e.phase in caps:
@@ -241,16 +263,27 @@ class BalancedStep(TrainingStep):
     def plans_ahead(self) -> bool:
         return self.ahead.enabled
 
-    def plan_for(self, metadata) -> Any:
-        """The step's plan of one iteration's gathered metadata (pure: no collective)."""
+    def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> Any:
+        """The step's plan of one iteration's gathered metadata with ``cost_model`` (and the
+        exchange check's ``exchange`` model, where the step has one); pure, no collective."""
         raise NotImplementedError
 
+    def models(self, iteration: int) -> tuple[CostModel, Any]:
+        """The cost model and exchange model the plan of ``iteration`` is made with."""
+        if self.feedback is None:
+            return self.cost_model, None
+        return self.feedback.models(iteration)
+
     def control_words(self, iteration: int) -> np.ndarray | None:
-        if not (self.fold_digest and self.ahead.has(iteration)):
+        digest = np.zeros(0, np.int64)
+        if self.fold_digest and self.ahead.has(iteration):
+            with self.timers.span("plan-wait"):
+                plan = self.ahead.peek(iteration)
+            digest = digest_words(plan.digest)
+        measured = self.feedback.words() if self.feedback is not None else np.zeros(0, np.int64)
+        if not digest.size and not measured.size:
             return None
-        with self.timers.span("plan-wait"):
-            plan = self.ahead.peek(iteration)
-        return digest_words(plan.digest)
+        return np.concatenate([[digest.size], digest, [measured.size], measured]).astype(np.int64)
 
     def planned(self, batch) -> Any:
         """This iteration's plan, checked across ranks; the next iteration's goes to the
@@ -258,21 +291,38 @@ class BalancedStep(TrainingStep):
 
         The plan made ahead is taken (its wait timed as ``plan-wait``), or made now (``plan``).
         Its digest is compared in the control words of this iteration's metadata gather when
-        they carry it, else with a collective of its own (unless told not to check).
+        they carry it, else with a collective of its own (unless told not to check). Then the
+        measured times of the previous iteration, which rode on the same gather, are fed to
+        the fits, and the next plan starts with what they learnt.
         """
         ahead = self.ahead.has(batch.iteration)
+        models = self.models(batch.iteration)
         with self.timers.span("plan-wait" if ahead else "plan"):
-            plan, _ = self.ahead.take(batch.iteration, lambda: self.plan_for(batch.metadata))
+            plan, _ = self.ahead.take(
+                batch.iteration, lambda: self.plan_for(batch.metadata, *models)
+            )
         self.plan_source = "ahead" if ahead else "step"
-        if batch.control is not None:
-            check_control_digests(batch.control)
+        digests, measured = _split_control(batch.control)
+        if digests is not None:
+            check_control_digests(digests)
         elif self.balance.check_plan_digest:
             self.dispatcher.check_digest(plan.digest)
+        if measured is not None and self.feedback is not None:
+            self.feedback.observe(measured)
         self.dispatcher.reset_counters()
         if batch.next_metadata is not None:
-            following = batch.next_metadata
-            self.ahead.submit(batch.iteration + 1, lambda: self.plan_for(following))
+            following, models = batch.next_metadata, self.models(batch.iteration + 1)
+            self.ahead.submit(batch.iteration + 1, lambda: self.plan_for(following, *models))
         return plan
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs to plan as the uninterrupted run would (this rank's)."""
+        return {} if self.feedback is None else {"feedback": self.feedback.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (a state without a fit leaves the fit as it is)."""
+        if self.feedback is not None and "feedback" in state:
+            self.feedback.load_state_dict(state["feedback"])
 
     def close(self) -> None:
         self.ahead.close()
@@ -288,3 +338,17 @@ class BalancedStep(TrainingStep):
             self.packing_limit,
             labels=[f"sample {sample_ids[s]!r}" for s, _, _ in samples],
         )
+
+
+def _split_control(control: list[np.ndarray] | None):
+    """Every rank's control words -> (digest words per rank or None, measured words per rank
+    or None); the layout is :meth:`BalancedStep.control_words`'s."""
+    if control is None:
+        return None, None
+    digests, measured = [], []
+    for words in control:
+        n = int(words[0])
+        digests.append(words[1 : 1 + n])
+        m = int(words[1 + n])
+        measured.append(words[2 + n : 2 + n + m])
+    return (digests if digests[0].size else None), (measured if measured[0].size else None)

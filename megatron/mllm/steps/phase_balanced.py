@@ -28,18 +28,45 @@ changes what is learned: the loss is normalised by the global number of loss tok
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from megatron.mllm.batch import SamplePayload, build_microbatch, thd_params
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
+from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
+from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_model import CostModel
+from orchestration.exchange_cost import ExchangeCost, PayloadBytes
+from orchestration.robust_fit import FitConfig
 from orchestration.dispatcher import Dispatcher
 from orchestration.phase_plan import IterationPlan, plan_iteration
+
+EXCHANGE_LATENCY_S = 2e-4
+"""Starting latency of one all-to-all (gloo on one host: 0.1-1 ms); the fit replaces it."""
+
+EXCHANGE_SECONDS_PER_BYTE = 1e-9
+"""Starting seconds per byte of the busiest rank (1 GB/s); the fit replaces it."""
+
+
+FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=2_000)
+"""The planner's work limits with fitted costs: the branch and bound searches 2,000 nodes
+(LPT, Karmarkar-Karp and the refinement are unchanged)."""
+
+
+def payload_bytes(mllm: MLLMConfig) -> PayloadBytes:
+    """Bytes per row of the step's routes: fp32 encoder inputs and int64 token ids as the loader
+    makes them, encoder outputs in the parameters' dtype."""
+    element = torch.empty(0, dtype=mllm.language.params_dtype).element_size()
+    inputs = {name: float(enc.input_dim * 4) for name, enc in mllm.encoders.items()}
+    inputs["llm"] = 8.0
+    outputs = {name: float(enc.hidden_size * element) for name, enc in mllm.encoders.items()}
+    return PayloadBytes(inputs=inputs, outputs=outputs)
 
 
 class PhaseBalancedStep(BalancedStep):
@@ -51,17 +78,49 @@ class PhaseBalancedStep(BalancedStep):
         groups (for ``finalize_model_grads``)."""
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
+        self.clock = PhaseClock(device)
+        self.phase_s: dict[str, float] = {}
+        """This rank's compute seconds per phase in the latest call."""
+        b = run.balance
+        # The fits need every rank's times on every rank: they ride on the DP group's metadata
+        # gather, which reaches every rank only when that group is the world (TP = 1).
+        if b.cost_fit and dispatcher.world == dist.get_world_size():
+            payload = payload_bytes(mllm)
+            self.feedback = CostFeedback(
+                cost_model,
+                payload,
+                ExchangeCost(EXCHANGE_LATENCY_S, EXCHANGE_SECONDS_PER_BYTE, payload),
+                FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup),
+            )
 
     def describe(self) -> str:
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
+        if self.feedback is not None:
+            text += (f", costs fitted to measured times after {self.balance.cost_fit_warmup} "
+                     "iterations")  # fmt: skip
+        if self.ahead.enabled:
+            text += ", planned one iteration ahead"
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
-    def plan_for(self, metadata) -> IterationPlan:
-        """An iteration's plan (the same on every DP rank)."""
+    def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> IterationPlan:
+        """An iteration's plan (the same on every DP rank); with ``exchange``, a phase whose
+        predicted gain does not pay for its exchanges keeps the loader's assignment."""
         b = self.balance
+        # Fitted costs carry per-call and per-item constants, which weaken the exact search's
+        # bound: with its default node budget a 16-item plan could take 0.2 s of a core.
+        budget = FITTED_BUDGET if cost_model is not self.cost_model else DEFAULT_BUDGET
         return self.plan_within_caps(
-            plan_iteration, metadata, phases=b.balance_phases, gpus_per_node=b.gpus_per_node
-        )
+            plan_iteration, metadata, cost_model, phases=b.balance_phases,
+            gpus_per_node=b.gpus_per_node, exchange=exchange, budget=budget,
+        )  # fmt: skip
+
+    def log_note(self) -> str | None:
+        """The fitted coefficients and the latest plan's decisions, for the log line."""
+        if self.feedback is None:
+            return None
+        decisions = self.balance_stats.decisions if self.balance_stats else ""
+        text = self.feedback.describe()
+        return f"{text} | decisions: {decisions}" if decisions else text
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
                  forward_only: bool = False, collect_non_loss_data: bool = False,
@@ -73,8 +132,12 @@ class PhaseBalancedStep(BalancedStep):
         me = disp.rank
         plan = self.planned(batch)
         stats = BalanceStats(
-            plan_source=self.plan_source, plan_background_s=self.ahead.background_s
+            plan_source=self.plan_source,
+            plan_background_s=self.ahead.background_s,
+            decisions=plan.describe_decisions(),
+            plan_digest=plan.digest,
         )
+        self.phase_s = dict.fromkeys(self.cost_model.phase_order, 0.0)
         for p in plan.phases:
             stats.imbalance_before[p.phase] = p.imbalance_before
             stats.imbalance_after[p.phase] = p.imbalance_after
@@ -107,6 +170,7 @@ class PhaseBalancedStep(BalancedStep):
                 for mb in mb_plan.microbatches
             )
             total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
+            start = self.clock.now()
             with self.timers.span("llm-microbatches"):
                 for i, packed in enumerate(microbatches):
                     output, num_tokens = forward_step(
@@ -117,8 +181,17 @@ class PhaseBalancedStep(BalancedStep):
                     total_tokens += num_tokens
                     if not forward_only:
                         backward_step(None, output, None, config)
+            self.phase_s["llm"] += self.clock.now() - start
             if not forward_only:
                 self._encoder_backward(plan, sent, leaves)
+        if not forward_only and self.feedback is not None:
+            self.feedback.pending = Measured(
+                batch.iteration,
+                dict(self.phase_s),
+                {label: seconds for label, _, seconds in disp.exchanges},
+                {p.phase: self.feedback.costs.features(p) for p in plan.phases},
+                {label: nbytes for label, nbytes, _ in disp.exchanges},
+            )
         if not forward_only and config.finalize_model_grads_func is not None:
             config.finalize_model_grads_func(
                 model,
@@ -186,12 +259,14 @@ class PhaseBalancedStep(BalancedStep):
             if lens:
                 got = inputs[enc]
                 positions = torch.cat([torch.arange(n, device=device) for n in lens])
+                start = self.clock.now()
                 with self.timers.span("encoder-forward", detail=enc):
                     hidden = (
                         encoders[enc]
                         .body(None, got, positions, thd_params(lens, device))
                         .squeeze(1)
                     )
+                self.phase_s[enc] += self.clock.now() - start
             else:
                 config = encoders[enc].config
                 hidden = torch.zeros(0, config.hidden_size, device=device,
@@ -219,8 +294,10 @@ class PhaseBalancedStep(BalancedStep):
         grads = self.dispatcher.exchange_many(parts, label="encoder outputs backward")
         for enc, g in zip(self.mllm.encoders, grads):
             if sent[enc].requires_grad:
+                start = self.clock.now()
                 with self.timers.span("encoder-backward", detail=enc):
                     torch.autograd.backward(sent[enc], g)
+                self.phase_s[enc] += self.clock.now() - start
 
     def _llm_microbatch(self, chosen, leaves, sample_rows):
         """One LLM microbatch of ``(sample, meta, payload)``, carrying its samples' encoder

@@ -51,9 +51,10 @@ class SampleBalancedStep(BalancedStep):
     def last_schedule(self):
         return self.engine.last_schedule
 
-    def plan_for(self, metadata):
-        """An iteration's whole-sample plan across DP groups."""
-        return self.plan_within_caps(plan_whole_samples, metadata)
+    def plan_for(self, metadata, cost_model, exchange=None):
+        """An iteration's whole-sample plan across DP groups (no exchange check: a group's
+        samples move as a whole, once)."""
+        return self.plan_within_caps(plan_whole_samples, metadata, cost_model)
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)

@@ -1,0 +1,191 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The per-phase step's measured times, fed back into its cost model and exchange model.
+
+Each iteration the per-phase step measures, on every rank, each phase's compute (an encoder's
+forward and backward, the LLM microbatches) and each of its three exchanges. Those
+measurements ride, as int64 nanoseconds, on the next iteration's metadata gather (the control
+words of ``BatchLoader.load``), so every rank receives every rank's times without a collective
+of its own, and feeds the same values in the same order to the same fits
+(``orchestration.cost_fit.OnlineCostFit``, ``orchestration.exchange_cost.ExchangeFit``): every
+rank computes identical coefficients, hence identical plans (the digest check verifies it).
+
+Timeline: the plan of iteration ``i`` is made (ahead, during ``i - 1``, or in the step) from the
+fits as they were after observing iteration ``i - 2``; iteration ``i - 1``'s times arrive with
+``i``'s gather and are observed after ``i``'s plan is taken. Both ways of planning therefore
+follow one rule, and :meth:`CostFeedback.state_dict` (the fits and this rank's not yet gathered
+times, saved with the rank's checkpoint) lets a resumed run make the plans the uninterrupted run
+would have made.
+
+The transfer time of an exchange is the shortest of the ranks' durations: the rank that arrives
+last waits for no one, so its duration is the transfer alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from orchestration.cost_fit import OnlineCostFit
+from orchestration.cost_model import CostModel
+from orchestration.exchange_cost import ExchangeCost, ExchangeFit, PayloadBytes
+from orchestration.robust_fit import FitConfig
+
+HOPS: tuple[str, ...] = ("inputs and tokens", "encoder outputs", "encoder outputs backward")
+"""The per-phase step's exchanges, in the order their times travel."""
+
+_NS = 1e9
+
+REMEASURE_EVERY = 16
+"""Iterations without a measured exchange after which one plan skips the exchange check: once
+every phase is kept nothing moves, so without it a network that became cheaper (a quieter host)
+would never be measured again."""
+
+
+@dataclass
+class Measured:
+    """What one rank measured in one iteration, and what the plan it ran gave every rank."""
+
+    iteration: int
+    """The iteration."""
+
+    phase_s: dict[str, float] = field(default_factory=dict)
+    """This rank's compute seconds per phase (forward and backward)."""
+
+    hop_s: dict[str, float] = field(default_factory=dict)
+    """This rank's seconds per exchange that ran (waiting included)."""
+
+    features: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per phase, every rank's (R, 5) features under the plan (the same on every rank)."""
+
+    hop_bytes: dict[str, float] = field(default_factory=dict)
+    """Per exchange that ran, its busiest rank's bytes (the same on every rank)."""
+
+
+class PhaseClock:
+    """Wall-clock seconds of host-visible work; on CUDA it waits for the device first, so a
+    phase's time is its kernels' and not their launch's."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class CostFeedback:
+    """The online fits of one per-phase step (see the module docstring)."""
+
+    def __init__(self, start: CostModel, payload: PayloadBytes, exchange: ExchangeCost,
+                 config: FitConfig):  # fmt: skip
+        """Args:
+        start: the cost model the fit starts from (FLOPs, or ``--cost-calibration``'s).
+        payload: bytes per row of every route (the exchange check's sizes).
+        exchange: the exchange model the fit starts from.
+        config: window, warm-up and robustness of both fits.
+        """
+        self.costs = OnlineCostFit(start, config)
+        self.exchanges = ExchangeFit(exchange, config)
+        self.payload = payload
+        self.pending: Measured | None = None
+        """This rank's latest measurement, not yet gathered."""
+        self.exchanged_at = -1
+        """The latest iteration whose exchanges were observed (-1: none yet)."""
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        return self.costs.phases
+
+    def models(self, iteration: int) -> tuple[CostModel, ExchangeCost | None]:
+        """What the plan of ``iteration`` uses: the cost model, and the exchange model once the
+        cost model is fitted (the check compares seconds with seconds), except every
+        :data:`REMEASURE_EVERY` iterations without a measured exchange."""
+        if not self.costs.ready:
+            return self.costs.cost_model(), None
+        if iteration - max(self.exchanged_at, 0) >= REMEASURE_EVERY:
+            return self.costs.cost_model(), None
+        return self.costs.cost_model(), self.exchanges.cost()
+
+    def words(self) -> np.ndarray:
+        """This rank's pending measurement as control words: ``[iteration, phase ns...,
+        hop ns...]`` (a hop that did not run is -1); empty when there is none."""
+        m = self.pending
+        if m is None:
+            return np.zeros(0, np.int64)
+        values = [m.phase_s.get(p, 0.0) for p in self.phases]
+        hops = [m.hop_s.get(h, -1.0 / _NS) for h in HOPS]
+        return np.array([m.iteration, *(round(v * _NS) for v in values + hops)], np.int64)
+
+    def observe(self, gathered: list[np.ndarray]) -> None:
+        """Feed every rank's control words of one iteration (:meth:`words`, gathered, in rank
+        order) to the fits; the features and bytes are this rank's pending measurement's."""
+        m = self.pending
+        if m is None or not gathered or gathered[0].size == 0:
+            return
+        if any(int(g[0]) != m.iteration for g in gathered):
+            raise ValueError(
+                f"measured times of iterations {[int(g[0]) for g in gathered]} gathered, this "
+                f"rank measured iteration {m.iteration}"
+            )
+        table = np.stack([g[1:] for g in gathered]).astype(np.float64) / _NS
+        for j, phase in enumerate(self.phases):
+            if phase in m.features:
+                self.costs.observe(m.iteration, phase, m.features[phase], table[:, j])
+        nbytes, seconds = [], []
+        for k, hop in enumerate(HOPS):
+            column = table[:, len(self.phases) + k]
+            if hop in m.hop_bytes and (column >= 0).all():
+                nbytes.append(m.hop_bytes[hop])
+                seconds.append(float(column.min()))
+        if nbytes:
+            self.exchanges.observe(m.iteration, nbytes, seconds)
+            self.exchanged_at = m.iteration
+        self.pending = None
+
+    def describe(self) -> str:
+        """The fitted coefficients, for the log line."""
+        return f"{self.costs.describe()} | {self.exchanges.describe()}"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fits and this rank's pending measurement (plain values, picklable)."""
+        m = self.pending
+        pending = None
+        if m is not None:
+            pending = {
+                "iteration": m.iteration,
+                "phase_s": dict(m.phase_s),
+                "hop_s": dict(m.hop_s),
+                "features": {p: f.tolist() for p, f in m.features.items()},
+                "hop_bytes": dict(m.hop_bytes),
+            }
+        return {
+            "costs": self.costs.state_dict(),
+            "exchanges": self.exchanges.state_dict(),
+            "pending": pending,
+            "exchanged_at": self.exchanged_at,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s values.
+
+        Raises:
+            ValueError: the state is malformed or of another model.
+        """
+        self.costs.load_state_dict(state["costs"])
+        self.exchanges.load_state_dict(state["exchanges"])
+        self.exchanged_at = int(state.get("exchanged_at", -1))
+        p = state.get("pending")
+        self.pending = None
+        if p is not None:
+            self.pending = Measured(
+                int(p["iteration"]),
+                dict(p["phase_s"]),
+                dict(p["hop_s"]),
+                {k: np.asarray(v, dtype=np.float64) for k, v in p["features"].items()},
+                dict(p["hop_bytes"]),
+            )
