@@ -348,6 +348,7 @@ class Trainer:
             m["plan_background_s"] = balanced.plan_background_s
             m["plan_digest"] = balanced.plan_digest
             m["unit"] = balanced.unit
+            m["decisions"] = balanced.decisions
         return m
 
     def train(self) -> list[IterationResult]:

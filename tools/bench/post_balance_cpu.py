@@ -104,6 +104,38 @@ def phase_table(none: list[dict], auto: list[dict], warmup: int, dp: int) -> lis
     return lines
 
 
+def exchange_table(none: list[dict], auto: list[dict], warmup: int) -> list[str]:
+    """Per mode, per iteration: all-to-alls and their time, and the plan's time on and off the
+    critical path."""
+
+    def mean(values) -> float:
+        values = list(values)
+        return statistics.mean(values) if values else 0.0
+
+    def row(records: list[dict]) -> dict[str, float]:
+        timed = records[warmup:]
+        t = [r["timers"] for r in timed]
+        rank_mean = lambda name, tt: mean(tt["seconds"].get(name, [0.0]))  # noqa: E731
+        return {
+            "all-to-alls": mean(len(x["detail"].get("all-to-all", {})) for x in t),
+            "all-to-all ms": 1e3 * mean(rank_mean("all-to-all", x) for x in t),
+            "  of which waits": 1e3
+            * mean(mean(x["collectives"].get("all-to-all", {}).get("wait", [0.0])) for x in t),
+            "digest collectives": mean("plan-digest" in x["seconds"] for x in t),
+            "plan ms, critical path": 1e3
+            * mean(rank_mean("plan", x) + rank_mean("plan-wait", x) for x in t),
+            "plan ms, background": 1e3 * mean(r.get("plan_background_s", 0.0) for r in timed),
+            "phases kept": mean(r.get("decisions", "").count(" kept ") for r in timed),
+        }
+
+    a, b = row(none), row(auto)
+    lines = ["exchanges and planning, mean per iteration (timed iterations):"]
+    lines.append(f"    {'':26s} {'none':>8s} {'auto':>8s}")
+    for key in a:
+        lines.append(f"    {key:26s} {a[key]:8.2f} {b[key]:8.2f}")
+    return lines
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -112,8 +144,9 @@ def main() -> None:
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--reps", type=int, default=3, help="none/auto pairs (at least 3)")
     parser.add_argument("--dp", type=int, default=2, help="data-parallel ranks (gloo processes)")
-    parser.add_argument("--iters", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=3)
+    # The fitted costs take over after --cost-fit-warmup (8) iterations: the timed ones follow.
+    parser.add_argument("--iters", type=int, default=28)
+    parser.add_argument("--warmup", type=int, default=12)
     parser.add_argument("--calibration", help="calibration JSON for the ideal ratio's costs")
     args = parser.parse_args(own)
     if args.reps < 3:
@@ -146,6 +179,7 @@ def main() -> None:
     a, b = summarize_pair(runs["none"], runs["auto"], args.warmup)
     a.name, b.name = "none", "auto"
     print("\n".join(format_comparison(a, b)))
+    print("\n".join(exchange_table(runs["none"], runs["auto"], args.warmup)))
     bytes_moved = statistics.mean(r.get("bytes_moved", 0.0) for r in runs["auto"])
     print(f"bytes moved per iteration (auto): {bytes_moved / 1e6:.3f} MB")
     fraction = (median - 1.0) / (ideal - 1.0) if ideal > 1.0 else float("nan")
