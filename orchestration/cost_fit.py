@@ -140,9 +140,15 @@ class OnlineCostFit:
         return phase_features(plan, self.start[plan.phase], ordinary=ordinary)
 
     def observe(
-        self, iteration: int, phase: str, features: np.ndarray, seconds: np.ndarray
+        self,
+        iteration: int,
+        phase: str,
+        features: np.ndarray,
+        seconds: np.ndarray,
+        refit: bool = True,
     ) -> None:
-        """Record one phase's measured per-rank times; refit the phase once warm.
+        """Record one phase's measured per-rank times; refit the phase once warm (when
+        ``refit``, or when it has no fit yet: a fit costs milliseconds, a record nothing).
 
         Args:
             iteration: the training iteration (non-decreasing per phase).
@@ -156,7 +162,7 @@ class OnlineCostFit:
         """
         fit = self._phase_fit(phase)
         fit.add(iteration, features, seconds)
-        if not fit.warm:
+        if not fit.warm or (not refit and fit.coef is not None):
             return
         x, y = fit.rows()
         if y.size == 0:

@@ -138,7 +138,7 @@ class ExchangeFit:
         """Whether the coefficients are fitted (warm-up over, some exchange observed)."""
         return self._fit.coef is not None
 
-    def observe(self, iteration: int, nbytes, seconds) -> None:
+    def observe(self, iteration: int, nbytes, seconds, refit: bool = True) -> None:
         """Record one iteration's exchanges and refit once the warm-up is over.
 
         Args:
@@ -155,7 +155,7 @@ class ExchangeFit:
         if b.shape != s.shape or b.ndim != 1:
             raise ValueError(f"all-to-all fit: {b.size} byte counts for {s.size} exchange times")
         self._fit.add(iteration, np.stack([np.ones_like(b), b], axis=1), s)
-        if self._fit.warm:
+        if self._fit.warm and (refit or self._fit.coef is None):
             self._fit.update(np.array([self.start.latency_s, self.start.seconds_per_byte]))
 
     def cost(self) -> ExchangeCost:

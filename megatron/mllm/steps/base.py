@@ -296,10 +296,10 @@ class BalancedStep(TrainingStep):
         the fits, and the next plan starts with what they learnt.
         """
         ahead = self.ahead.has(batch.iteration)
-        models = self.models(batch.iteration)
         with self.timers.span("plan-wait" if ahead else "plan"):
             plan, _ = self.ahead.take(
-                batch.iteration, lambda: self.plan_for(batch.metadata, *models)
+                batch.iteration,
+                lambda: self.plan_for(batch.metadata, *self.models(batch.iteration)),
             )
         self.plan_source = "ahead" if ahead else "step"
         digests, measured = _split_control(batch.control)
@@ -307,17 +307,32 @@ class BalancedStep(TrainingStep):
             check_control_digests(digests)
         elif self.balance.check_plan_digest:
             self.dispatcher.check_digest(plan.digest)
-        if measured is not None and self.feedback is not None:
-            self.feedback.observe(measured)
         self.dispatcher.reset_counters()
-        if batch.next_metadata is not None:
-            following, models = batch.next_metadata, self.models(batch.iteration + 1)
-            self.ahead.submit(batch.iteration + 1, lambda: self.plan_for(following, *models))
+        observe = lambda: None  # noqa: E731
+        if measured is not None and self.feedback is not None:
+            m = self.feedback.take_pending()
+            observe = lambda: self.feedback.observe(m, measured)  # noqa: E731
+        following, nxt = batch.next_metadata, batch.iteration + 1
+        if following is not None and self.ahead.enabled:
+            # The fits learn in the background too (a refit costs milliseconds): the thread
+            # runs one job at a time, so they see the same values in the same order as in
+            # the step, and the next plan starts from what they learnt.
+            def job():
+                observe()
+                return self.plan_for(following, *self.models(nxt))
+
+            self.ahead.submit(nxt, job)
+        else:
+            observe()
         return plan
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs to plan as the uninterrupted run would (this rank's)."""
-        return {} if self.feedback is None else {"feedback": self.feedback.state_dict()}
+        """What a resume needs to plan as the uninterrupted run would (this rank's); waits for
+        the background job, which may still be feeding the fits."""
+        if self.feedback is None:
+            return {}
+        self.ahead.wait()
+        return {"feedback": self.feedback.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a state without a fit leaves the fit as it is)."""

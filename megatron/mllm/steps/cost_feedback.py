@@ -39,6 +39,10 @@ HOPS: tuple[str, ...] = ("inputs and tokens", "encoder outputs", "encoder output
 
 _NS = 1e9
 
+REFIT_EVERY = 4
+"""Iterations between refits (every iteration's times are recorded): a robust fit of a phase
+costs a few milliseconds of a core."""
+
 REMEASURE_EVERY = 16
 """Iterations without a measured exchange after which one plan skips the exchange check: once
 every phase is kept nothing moves, so without it a network that became cheaper (a quieter host)
@@ -121,10 +125,16 @@ class CostFeedback:
         hops = [m.hop_s.get(h, -1.0 / _NS) for h in HOPS]
         return np.array([m.iteration, *(round(v * _NS) for v in values + hops)], np.int64)
 
-    def observe(self, gathered: list[np.ndarray]) -> None:
+    def take_pending(self) -> Measured | None:
+        """This rank's pending measurement, which its gathered words are about to be observed
+        with (:meth:`observe`); it is no longer pending."""
+        m, self.pending = self.pending, None
+        return m
+
+    def observe(self, m: Measured | None, gathered: list[np.ndarray]) -> None:
         """Feed every rank's control words of one iteration (:meth:`words`, gathered, in rank
-        order) to the fits; the features and bytes are this rank's pending measurement's."""
-        m = self.pending
+        order) to the fits, with the features and bytes of ``m``, this rank's measurement of
+        that iteration (:meth:`take_pending`)."""
         if m is None or not gathered or gathered[0].size == 0:
             return
         if any(int(g[0]) != m.iteration for g in gathered):
@@ -133,9 +143,10 @@ class CostFeedback:
                 f"rank measured iteration {m.iteration}"
             )
         table = np.stack([g[1:] for g in gathered]).astype(np.float64) / _NS
+        refit = m.iteration % REFIT_EVERY == 0
         for j, phase in enumerate(self.phases):
             if phase in m.features:
-                self.costs.observe(m.iteration, phase, m.features[phase], table[:, j])
+                self.costs.observe(m.iteration, phase, m.features[phase], table[:, j], refit)
         nbytes, seconds = [], []
         for k, hop in enumerate(HOPS):
             column = table[:, len(self.phases) + k]
@@ -143,9 +154,8 @@ class CostFeedback:
                 nbytes.append(m.hop_bytes[hop])
                 seconds.append(float(column.min()))
         if nbytes:
-            self.exchanges.observe(m.iteration, nbytes, seconds)
+            self.exchanges.observe(m.iteration, nbytes, seconds, refit)
             self.exchanged_at = m.iteration
-        self.pending = None
 
     def describe(self) -> str:
         """The fitted coefficients, for the log line."""

@@ -54,8 +54,8 @@ EXCHANGE_SECONDS_PER_BYTE = 1e-9
 """Starting seconds per byte of the busiest rank (1 GB/s); the fit replaces it."""
 
 
-FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=2_000)
-"""The planner's work limits with fitted costs: the branch and bound searches 2,000 nodes
+FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=200)
+"""The planner's work limits with fitted costs: the branch and bound searches 200 nodes
 (LPT, Karmarkar-Karp and the refinement are unchanged)."""
 
 

@@ -99,6 +99,11 @@ class PlanAhead(Generic[T]):
         self._pending = (iteration, done)
         return plan
 
+    def wait(self) -> None:
+        """Wait for the plan in flight, if any, to be made (it stays to be taken)."""
+        if self._pending is not None:
+            self.peek(self._pending[0])
+
     def close(self) -> None:
         """Stop the thread (a plan in flight is finished and dropped)."""
         if self._executor is not None:
