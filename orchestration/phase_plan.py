@@ -258,12 +258,15 @@ def plan_iteration(
         raise PlanError(
             f"the exchange check compares seconds, but the costs are in {cost_model.unit}"
         )
+    phase_list = [(phase, phase_items(md, phase)) for phase in PHASES if phase in cost_model]
+    keep_all = (
+        exchange is not None
+        and not caps
+        and _moving_cannot_pay(phase_list, cost_model, R, exchange)
+    )
     plans = []
-    for phase in PHASES:
-        items = phase_items(md, phase)
-        if phase not in cost_model:
-            continue
-        alg = algorithm if phase in chosen else "none"
+    for phase, items in phase_list:
+        alg = algorithm if phase in chosen and not keep_all else "none"
         try:
             plan = _plan_phase(
                 md,
@@ -285,7 +288,10 @@ def plan_iteration(
         raise PlanError(
             "the cost model has no 'llm' phase: encoder outputs would have nowhere to go"
         )
-    if exchange is not None:
+    if keep_all:
+        plans = [dataclasses.replace(_kept(p, R), exchange_cost=0.0) for p in plans]
+        llm = plans[-1]
+    elif exchange is not None:
         plans = check_exchanges(plans, R, exchange)
         llm = plans[-1]
     to_llm = {p.phase: _route_to_llm(p, llm, R) for p in plans if p.phase != "llm"}
@@ -300,6 +306,29 @@ def plan_iteration(
             h.update(f"{p.phase}:{p.decision}\0".encode())
             h.update(np.array([p.gain, p.exchange_cost], dtype="<f8").tobytes())
     return IterationPlan(R, tuple(plans), to_llm, mdig, h.hexdigest())
+
+
+def _moving_cannot_pay(phase_list, cost_model: CostModel, num_ranks: int,
+                       exchange: ExchangeCost) -> bool:  # fmt: skip
+    """Whether even a perfect balance of every phase would gain less than one exchange's
+    latency: then the ordinary assignment wins and the balancer need not run at all.
+
+    A phase's balanced max load is at least its mean load and its largest item (plus the
+    per-call cost of a rank holding anything), so ``max(before) - that`` bounds its gain;
+    balancing anything moves something, which costs at least one hop's latency."""
+    bound = 0.0
+    for phase, items in phase_list:
+        if items.size == 0:
+            continue
+        model = cost_model[phase]
+        if model.padded:
+            return False  # padded loads are not additive: no cheap bound
+        costs = model.item_costs(items.tokens, items.out_tokens)
+        before = np.bincount(items.owner, weights=costs, minlength=num_ranks)
+        before = before + model.per_call * (np.bincount(items.owner, minlength=num_ranks) > 0)
+        best = max(float(costs.sum()) / num_ranks, float(costs.max())) + model.per_call
+        bound += max(0.0, float(before.max()) - best)
+    return bound <= exchange.margin * exchange.latency_s
 
 
 def check_exchanges(

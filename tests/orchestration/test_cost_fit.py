@@ -403,3 +403,22 @@ def test_the_check_needs_seconds_and_sizes_and_its_decisions_are_in_the_digest()
         held = np.bincount(a.dispatch.dst, minlength=R) > 0
         np.testing.assert_allclose(b.loads_after, a.loads_after + 2e-4 * held, rtol=1e-12)
     assert COEFFICIENTS[0] == "per_call"
+
+
+def test_when_no_balance_could_pay_for_one_latency_the_balancer_does_not_run():
+    # Even a perfect balance of every phase gains less than one hop's latency: every phase
+    # keeps its ordinary assignment without running the balancer (the plan costs ~nothing),
+    # which is what pricing every combination would have chosen.
+    md, sm = _metadata(), _seconds_model()
+    bound = sum(
+        float(p.loads_before.max())
+        - max(float(p.costs.sum()) / R, float(p.costs.max()))
+        - sm[p.phase].per_call
+        for p in plan_iteration(md, sm, algorithm="lpt").phases
+    )
+    dear = plan_iteration(md, sm, algorithm="auto", exchange=ExchangeCost(2 * bound, SPB, PAYLOAD))
+    assert all(p.decision == "kept" and p.algorithm == "ordinary" for p in dear.phases)
+    for p in dear.phases:
+        np.testing.assert_array_equal(p.dispatch.dst, p.items.owner)
+    cheap = plan_iteration(md, sm, algorithm="auto", exchange=ExchangeCost(bound / 4, 0.0, PAYLOAD))
+    assert any(p.algorithm != "ordinary" for p in cheap.phases)

@@ -90,7 +90,7 @@ class PhaseBalancedStep(BalancedStep):
                 cost_model,
                 payload,
                 ExchangeCost(EXCHANGE_LATENCY_S, EXCHANGE_SECONDS_PER_BYTE, payload),
-                FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup),
+                FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
             )
 
     def describe(self) -> str:
