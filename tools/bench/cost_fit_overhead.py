@@ -6,10 +6,11 @@ Pure numpy, no trainer run (a few seconds on this CPU). Prints three tables:
 
 1. a fit from the main job's FLOPs model to synthetic vision times of known coefficients
    (8 ranks, 2% noise, one stalled rank in ten iterations, 64 iterations): true, fitted, error;
-2. the time of one ``OnlineCostFit.observe`` (a full window of 64 iterations) at DP 2/64/512,
-   the least of five;
+2. the time of one ``OnlineCostFit.observe`` that refits (a full window of 64 iterations, the
+   trainer's 10 reweighting iterations) at DP 2/64/512/2560, the least of five;
 3. ``plan_iteration`` on the omni workload (8 samples per rank, calibrated seconds), without and
-   with the exchange check (the calibration's gloo latency and bandwidth), at DP 8/64/512,
+   with the exchange check (the calibration's gloo latency and bandwidth), at DP
+   8/64/512/2560,
    with each phase's decision.
 
 Usage: python tools/bench/cost_fit_overhead.py [--algorithm lpt]
@@ -74,9 +75,9 @@ def main() -> None:
         print(f"   {name:18} {t:12.4g} {f:12.4g} {f / t - 1:+8.2%}")
     print(f"   {fit.describe()}")
 
-    print("2. one observe() with a full window (64 iterations), least of 5")
-    for ranks in (2, 64, 512):
-        fit = OnlineCostFit(flops, FitConfig())
+    print("2. one observe() that refits, full window (64 iterations), least of 5")
+    for ranks in (2, 64, 512, 2560):
+        fit = OnlineCostFit(flops, FitConfig(iterations=10))  # the trainer's
         rng = np.random.default_rng(1)
         _feed(fit, rng, ranks, 64)
         times = []
@@ -97,7 +98,7 @@ def main() -> None:
     payload = PayloadBytes(inputs={**inputs, "llm": 8.0}, outputs=outputs)
     exchange = ExchangeCost(cal.comm["p2p_latency_s"], 1.0 / cal.comm["p2p_bandwidth"], payload)
     spec = WorkloadSpec.load("omni-three-modality")
-    for dp in (8, 64, 512):
+    for dp in (8, 64, 512, 2560):
         samples = WorkloadGenerator(spec, seed=0, token_scale=1 / 32).samples(dp * 8)
         md = GatheredMetadata.from_rank_samples(
             [[(r * 8 + k, samples[r * 8 + k]) for k in range(8)] for r in range(dp)]
