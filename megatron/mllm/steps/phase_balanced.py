@@ -99,7 +99,7 @@ class PhaseBalancedStep(BalancedStep):
             text += (f", costs fitted to measured times after {self.balance.cost_fit_warmup} "
                      "iterations")  # fmt: skip
         if self.ahead.enabled:
-            text += ", planned one iteration ahead"
+            text += ", planned ahead"
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
     def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> IterationPlan:
