@@ -342,13 +342,7 @@ class Dispatcher:
         """
         counts = [np.asarray(c, dtype=np.int64) for _, c in parts]
         for (rows, _), c in zip(parts, counts):
-            if c.shape != (self.world, self.world):
-                raise ValueError(f"counts must be [{self.world}, {self.world}], got {c.shape}")
-            if rows.shape[0] != c[self.rank].sum():
-                raise ValueError(
-                    f"rank {self.rank} holds {rows.shape[0]} rows but the plan sends "
-                    f"{int(c[self.rank].sum())}"
-                )
+            self._check_counts(rows, c)
         if all(int(c.sum() - np.trace(c)) == 0 for c in counts):
             return [rows for rows, _ in parts]
         row_bytes = [
@@ -442,13 +436,7 @@ class Dispatcher:
         """The all-to-all itself: direct, or node-wise in three hops; ``label`` names it in a
         :class:`CollectiveError`."""
         what = "all-to-all" if label is None else f"all-to-all '{label}'"
-        if counts.shape != (self.world, self.world):
-            raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
-        if rows.shape[0] != counts[self.rank].sum():
-            raise ValueError(
-                f"rank {self.rank} holds {rows.shape[0]} rows but the plan sends "
-                f"{int(counts[self.rank].sum())}"
-            )
+        self._check_counts(rows, counts)
         row_bytes = rows.element_size() * int(np.prod(rows.shape[1:], dtype=np.int64))
         self.bytes_moved += row_bytes * int(counts.sum() - np.trace(counts))
         if not self.node_wise:
@@ -482,6 +470,16 @@ class Dispatcher:
                     offset += n
         parts = [held[(s, self.rank)] for s in range(self.world) if counts[s, self.rank] > 0]
         return torch.cat(parts) if parts else rows.new_empty((0, *rows.shape[1:]))
+
+    def _check_counts(self, rows: torch.Tensor, counts: np.ndarray) -> None:
+        """``counts`` is ``[world, world]`` and sends exactly the rows this rank holds."""
+        if counts.shape != (self.world, self.world):
+            raise ValueError(f"counts must be [{self.world}, {self.world}], got {counts.shape}")
+        if rows.shape[0] != counts[self.rank].sum():
+            raise ValueError(
+                f"rank {self.rank} holds {rows.shape[0]} rows but the plan sends "
+                f"{int(counts[self.rank].sum())}"
+            )
 
     def _all_to_all_single(
         self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int], what: str
