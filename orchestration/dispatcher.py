@@ -309,8 +309,7 @@ class Dispatcher:
         Returns:
             The rows received, in arrival order (:meth:`Route.arrival_order`).
         """
-        idx = row_index(route.send_index(self.rank), local_sizes)
-        send = local_rows.index_select(0, torch.as_tensor(idx, device=local_rows.device))
+        send = self.send_rows(route, local_rows, local_sizes)
         return self.all_to_all(send, route.rows_matrix(), differentiable, label)
 
     def send_rows(self, route: Route, local_rows: torch.Tensor,

@@ -20,10 +20,12 @@ Usage on DP rank ``me`` (the dispatcher does the collectives)::
     plan = plan_iteration(md, CostModel.build(shape, calibration), algorithm="auto",
                           caps={"vision": 65536}, gpus_per_node=8)
     dispatcher.check_digest(plan.digest)
+    parts = []
     for phase in plan.phases:                               # "vision", "audio", then "llm"
         sizes = phase.items.tokens[phase.dispatch.src_items(me)]   # my local items' rows
-        got = dispatcher.move(phase.dispatch, payload, sizes)      # my destination list
-    out = dispatcher.move(plan.to_llm["vision"], hidden, sizes, autograd=True)
+        send = dispatcher.send_rows(phase.dispatch, payload[phase.phase], sizes)
+        parts.append((send, phase.dispatch.rows_matrix()))
+    got = dispatcher.exchange_many(parts)                   # one all-to-all for all phases
     rows = plan.encoder_arrivals("vision", me)              # arrival -> destination order
     mb = form_microbatches(llm.costs[mine], llm.items.tokens[mine], num_microbatches,
                            max_tokens=micro_batch_size * seq_length)

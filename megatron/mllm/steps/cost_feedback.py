@@ -31,7 +31,7 @@ import torch
 
 from orchestration.cost_fit import OnlineCostFit
 from orchestration.cost_model import CostModel
-from orchestration.exchange_cost import ExchangeCost, ExchangeFit, PayloadBytes
+from orchestration.exchange_cost import ExchangeCost, ExchangeFit
 from orchestration.robust_fit import FitConfig
 
 HOPS: tuple[str, ...] = ("inputs and tokens", "encoder outputs", "encoder outputs backward")
@@ -85,17 +85,15 @@ class PhaseClock:
 class CostFeedback:
     """The online fits of one per-phase step (see the module docstring)."""
 
-    def __init__(self, start: CostModel, payload: PayloadBytes, exchange: ExchangeCost,
-                 config: FitConfig):  # fmt: skip
+    def __init__(self, start: CostModel, exchange: ExchangeCost, config: FitConfig):
         """Args:
         start: the cost model the fit starts from (FLOPs, or ``--cost-calibration``'s).
-        payload: bytes per row of every route (the exchange check's sizes).
-        exchange: the exchange model the fit starts from.
+        exchange: the exchange model the fit starts from, with the payload sizes of every
+            route (the exchange check's).
         config: window, warm-up and robustness of both fits.
         """
         self.costs = OnlineCostFit(start, config)
         self.exchanges = ExchangeFit(exchange, config)
-        self.payload = payload
         self.pending: Measured | None = None
         """This rank's latest measurement, not yet gathered."""
         self.exchanged_at = -1

@@ -42,10 +42,10 @@ from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
 from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
 from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_model import CostModel
-from orchestration.exchange_cost import ExchangeCost, PayloadBytes
-from orchestration.robust_fit import FitConfig
 from orchestration.dispatcher import Dispatcher
+from orchestration.exchange_cost import ExchangeCost, PayloadBytes
 from orchestration.phase_plan import IterationPlan, plan_iteration
+from orchestration.robust_fit import FitConfig
 
 EXCHANGE_LATENCY_S = 2e-4
 """Starting latency of one all-to-all (gloo on one host: 0.1-1 ms); the fit replaces it."""
@@ -85,11 +85,9 @@ class PhaseBalancedStep(BalancedStep):
         # The fits need every rank's times on every rank: they ride on the DP group's metadata
         # gather, which reaches every rank only when that group is the world (TP = 1).
         if b.cost_fit and dispatcher.world == dist.get_world_size():
-            payload = payload_bytes(mllm)
             self.feedback = CostFeedback(
                 cost_model,
-                payload,
-                ExchangeCost(EXCHANGE_LATENCY_S, EXCHANGE_SECONDS_PER_BYTE, payload),
+                ExchangeCost(EXCHANGE_LATENCY_S, EXCHANGE_SECONDS_PER_BYTE, payload_bytes(mllm)),
                 FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
             )
 

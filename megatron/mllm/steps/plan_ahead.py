@@ -76,33 +76,30 @@ class PlanAhead(Generic[T]):
             self._pending = None
             self.background_s = 0.0
             return planner(), False
-        _, future = self._pending
+        plan, self.background_s = self._result()
         self._pending = None
+        return plan, True
+
+    def peek(self, iteration: int) -> T | None:
+        """``iteration``'s plan if it was submitted ahead (waiting for it; it stays to be
+        taken), else None."""
+        return self._result()[0] if self.has(iteration) else None
+
+    def _result(self) -> tuple[T, float]:
+        """The plan in flight and the thread's seconds on it, waiting at most the timeout."""
+        iteration, future = self._pending
         try:
-            plan, seconds = future.result(timeout=self.timeout_s)
+            return future.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
             raise PlanError(
                 f"the balance plan of iteration {iteration}, computed ahead, did not finish "
                 f"within {self.timeout_s:.0f} s (--distributed-timeout-minutes)"
             ) from None
-        self.background_s = seconds
-        return plan, True
-
-    def peek(self, iteration: int) -> T | None:
-        """``iteration``'s plan if it was submitted ahead (waiting for it), else None."""
-        if not self.has(iteration):
-            return None
-        plan, ahead = self.take(iteration, lambda: None)
-        # Put it back: take() is what the step calls once the batch is loaded.
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result((plan, self.background_s))
-        self._pending = (iteration, done)
-        return plan
 
     def wait(self) -> None:
         """Wait for the plan in flight, if any, to be made (it stays to be taken)."""
         if self._pending is not None:
-            self.peek(self._pending[0])
+            self._result()
 
     def close(self) -> None:
         """Stop the thread (a plan in flight is finished and dropped)."""
