@@ -95,15 +95,14 @@ def test_resume_continues_exactly(dp2_run, tmp_path):
     resumed = read_metrics(tmp_path / "resumed.jsonl")
     assert [m["iteration"] for m in resumed] == list(range(11, 31))
     expected = {m["iteration"]: m["lm_loss"] for m in full}
-    # The plans of iterations 11 and 12 come from the fitted costs saved with the checkpoint:
-    # bit for bit. Later plans follow the times this run measures (the fits take over after
-    # 8 iterations), so the order of float sums may differ: within round-off.
+    # The fits take over after 8 iterations, and from then on each plan follows measured
+    # times. `full` is another run than the one that saved, so its plans may differ from
+    # the checkpoint's, and the order of float sums with them: within round-off. That a
+    # resume makes the saving run's own next plans, bit for bit, is tested in
+    # test_checkpointing.py (fit-full / fit-resumed).
     for m in resumed:
         i = m["iteration"]
-        if i <= 12:
-            assert m["lm_loss"] == expected[i], (i, m, expected)
-        else:
-            assert m["lm_loss"] == pytest.approx(expected[i], rel=1e-5), (i, m, expected)
+        assert m["lm_loss"] == pytest.approx(expected[i], rel=1e-5), (i, m, expected)
 
 
 # ------------------------------------------------------------------------ gradient equivalence
