@@ -5,8 +5,10 @@ The second phase of DIP's planner (its per-batch interleaving), as a generator o
 IR: each rank keeps a forward queue and a backward queue of computes whose inputs are scheduled;
 the rank that can start something soonest goes next. When both a forward and a backward are
 ready as the rank frees up, it alternates with the kind it ran last (1F1B's rhythm); otherwise it
-runs whatever can start first, which keeps idle gaps small. A rank whose activations exceed its
-memory cap runs backwards only until memory drops. Compute durations come from a cost function
+runs whatever can start first, which keeps idle gaps small. Memory bounds a rank in one of two
+ways: a soft cap (a rank whose activations exceed it prefers backwards until memory drops) or a
+hard limit (a forward that would take the rank's kept activations over the limit never runs:
+the rank waits for a backward, and an order that cannot fit even then is an error). Compute durations come from a cost function
 (FLOPs or calibrated seconds); within a queue the priority function breaks ties (the default
 prefers earlier microbatches).
 
@@ -82,6 +84,7 @@ def greedy_dual_queue(
     memory: Memory = Memory.NONE,
     memory_cap: float | Sequence[float] | None = None,
     activation_bytes: Callable[[Compute], float] | None = None,
+    memory_limit: float | Sequence[float | None] | None = None,
 ) -> Schedule:
     """Interleave every compute of every module on every rank; returns a lowered schedule.
 
@@ -95,12 +98,21 @@ def greedy_dual_queue(
         memory_cap: activation bytes per rank (one for all or one per rank) above which a rank
             runs only backwards; needs ``activation_bytes``.
         activation_bytes: bytes a forward keeps until its backward.
+        memory_limit: hard limit on the activation bytes kept per rank (one for all or one per
+            rank, None for no limit on a rank; see
+            :func:`pipeweaver.search.memory_limit.memory_limit_bytes`); needs
+            ``activation_bytes``. A forward runs only if the rank's kept bytes plus its own stay
+            within the limit, so the lowered schedule passes
+            :func:`pipeweaver.checker.check` with ``memory_cap=memory_limit``.
 
-    A throttled rank with no backward ready runs a forward anyway: the cap is a preference
-    here, and the static checker enforces hard caps.
+    A throttled rank (soft cap) with no backward ready runs a forward anyway: the cap is a
+    preference, and the static checker enforces hard caps. Under a hard limit a rank whose next
+    forwards do not fit runs only backwards, or waits for one.
 
     Raises:
-        ScheduleError: the data flow cannot be scheduled (a cycle).
+        ScheduleError: the data flow cannot be scheduled (a cycle), or under ``memory_limit``
+            a forward that cannot fit: alone over its rank's limit, or waiting for memory that
+            no backward can free (the rank, the bytes needed and the limit are named).
     """
     P = placement.num_ranks
     caps = None
@@ -108,7 +120,91 @@ def greedy_dual_queue(
         if activation_bytes is None:
             raise ScheduleError("memory_cap needs activation_bytes")
         caps = [memory_cap] * P if isinstance(memory_cap, (int, float)) else list(memory_cap)
+    limits = None
+    if memory_limit is not None:
+        if activation_bytes is None:
+            raise ScheduleError("memory_limit needs activation_bytes")
+        limits = _per_rank(memory_limit, P, "memory_limit")
     computes = list(all_computes(placement, structure))
+    kept: dict[Compute, float] = {}
+
+    def kept_bytes(a: Compute) -> float:
+        """Bytes the F/B pair of ``a`` keeps, from its forward, under ``memory``."""
+        f = a if a.kind is Kind.F else a.partner()
+        if f not in kept:
+            kept[f] = float(activation_bytes(f.with_memory(memory)))
+        return kept[f]
+
+    windows: list[int | None] = [None]
+    if limits is not None:
+        _check_microbatches_fit(computes, placement, limits, kept_bytes)
+        # A microbatch's first backward needs all its forwards, so every rank must hold one
+        # microbatch's kept bytes at once (checked above), and that suffices when forwards of
+        # one microbatch at a time are admitted. The unrestricted greedy can fill memory with
+        # forwards of later microbatches that wait on each other; then it is retried with
+        # fewer microbatches in flight, down to one.
+        w = structure.num_microbatches // 2
+        while w > 0:
+            windows.append(w)
+            w //= 2
+        windows.append(0)
+    for window in windows:
+        try:
+            order = _interleave(
+                placement, structure, computes, duration, p2p_time, priority, memory, caps,
+                limits, kept_bytes if activation_bytes is not None else None, window,
+            )  # fmt: skip
+        except _MemoryDeadlock as e:
+            if window == windows[-1]:
+                raise ScheduleError(str(e), e.rank, None, e.action) from None
+            continue
+        return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
+    raise AssertionError("unreachable")
+
+
+class _MemoryDeadlock(Exception):
+    """Every rank waits and a forward waits for memory (retried with fewer microbatches in
+    flight; the last try's message becomes the :class:`ScheduleError`)."""
+
+    def __init__(self, message: str, rank: int, action: Compute):
+        super().__init__(message)
+        self.rank = rank
+        self.action = action
+
+
+def _check_microbatches_fit(computes, placement, limits, kept_bytes) -> None:
+    """Raise unless every rank can hold the kept bytes of each microbatch's forwards at once."""
+    need: dict[tuple[int, int], float] = {}
+    first: dict[tuple[int, int], Compute] = {}
+    for a in computes:
+        if a.kind is Kind.F:
+            k = (placement.rank_of(a.module, a.chunk), a.microbatch)
+            need[k] = need.get(k, 0.0) + kept_bytes(a)
+            first.setdefault(k, a)
+    for (r, mb), b in sorted(need.items()):
+        if limits[r] is not None and b > limits[r]:
+            raise ScheduleError(
+                f"microbatch {mb} keeps {b:.0f} activation bytes here until its first backward "
+                f"(all its forwards run before it), over the rank's memory limit of "
+                f"{limits[r]:.0f} bytes: the schedule cannot fit under the limit",
+                r,
+                None,
+                first[(r, mb)],
+            )
+
+
+def _interleave(
+    placement, structure, computes, duration, p2p_time, priority, memory, caps, limits,
+    kept_bytes, window,
+) -> list[list[Compute]]:  # fmt: skip
+    """One greedy pass; ``window``: forwards only of microbatches at most this far past the
+    oldest one with a backward left (None: any).
+
+    Raises:
+        _MemoryDeadlock: under the hard limit, every rank waits and some forward waits for
+            memory.
+    """
+    P = placement.num_ranks
     rank_of = {a: placement.rank_of(a.module, a.chunk) for a in computes}
     missing, dependents = dependency_graph(computes, placement, structure)
     ready_at: dict[Compute, float] = {}
@@ -119,6 +215,17 @@ def greedy_dual_queue(
     last_kind: list[Kind | None] = [None] * P
     used = [0.0] * P
     order: list[list[Compute]] = [[] for _ in range(P)]
+    backwards_left = [0] * structure.num_microbatches
+    for a in computes:
+        if a.kind is Kind.B:
+            backwards_left[a.microbatch] += 1
+    oldest = 0  # the oldest microbatch with a backward left
+
+    def fits(r: int, a: Compute) -> bool:
+        """Whether the forward ``a`` may run on rank ``r`` under the hard limit."""
+        if window is not None and a.microbatch > oldest + window:
+            return False
+        return limits[r] is None or used[r] + kept_bytes(a) <= limits[r]
 
     def push(a: Compute, t: float) -> None:
         ready_at[a] = t
@@ -131,12 +238,19 @@ def greedy_dual_queue(
     def best(r: int, kind: Kind, now: float):
         """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
         q = queues[r][kind]
-        if not q:
+        if kind is Kind.F and limits is not None:
+            q = [e for e in q if fits(r, e[2])]
+            if not q:
+                return None
+            first = min(q)
+        elif not q:
             return None
+        else:
+            first = q[0]
         startable = [e for e in q if e[0] <= now]
         if startable:
             return min(startable, key=lambda e: (e[1], e[0]))
-        return q[0]
+        return first
 
     placed = 0
     total = len(computes)
@@ -152,6 +266,8 @@ def greedy_dual_queue(
             start = max(t_last[r], min(e[0] for e in candidates))
             if choice is None or start < choice[0]:
                 choice = (start, r, kinds)
+        if choice is None and limits is not None:
+            _raise_memory_deadlock(queues, used, limits, kept_bytes)
         if choice is None:
             raise ScheduleError(
                 "greedy interleaving: no compute is ready; the data flow has a cycle"
@@ -173,10 +289,13 @@ def greedy_dual_queue(
         t_last[r] = finish
         last_kind[r] = a.kind
         order[r].append(a.with_memory(memory))
-        if activation_bytes is not None:
-            f = a if a.kind is Kind.F else a.partner()
-            b = float(activation_bytes(f.with_memory(memory)))
+        if kept_bytes is not None:
+            b = kept_bytes(a)
             used[r] += b if a.kind is Kind.F else -b
+        if a.kind is Kind.B:
+            backwards_left[a.microbatch] -= 1
+            while oldest < len(backwards_left) and backwards_left[oldest] == 0:
+                oldest += 1
         placed += 1
         for d in dependents[a]:
             missing[d] -= 1
@@ -189,4 +308,35 @@ def greedy_dual_queue(
                     hop = p2p_time if rank_of[pr] != rank_of[d] else 0.0
                     t = max(t, end[pr] + hop)
                 push(d, t)
-    return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
+    return order
+
+
+def _per_rank(value, num_ranks: int, name: str) -> list:
+    """One value per rank from one for all (a number or None) or a sequence of them."""
+    if value is None or isinstance(value, (int, float)):
+        return [value] * num_ranks
+    values = list(value)
+    if len(values) != num_ranks:
+        raise ScheduleError(f"{name} has {len(values)} values for {num_ranks} ranks")
+    return values
+
+
+def _raise_memory_deadlock(queues, used, limits, kept_bytes) -> None:
+    """No rank can start anything and some forward waits for memory: no backward can come
+    (every pending backward waits, directly or through other ranks, on a blocked forward)."""
+    for r, q in enumerate(queues):
+        waiting = [e[2] for e in q[Kind.F]]
+        if not waiting or limits[r] is None:
+            continue
+        a = min(waiting, key=kept_bytes)
+        need = used[r] + kept_bytes(a)
+        if need <= limits[r]:
+            continue  # waits for its microbatch's turn, not for memory
+        raise _MemoryDeadlock(
+            f"the forward needs {need:.0f} bytes of activations ({used[r]:.0f} kept plus "
+            f"{kept_bytes(a):.0f} of its own), over the rank's memory limit of "
+            f"{limits[r]:.0f} bytes, and no backward can free memory: the schedule cannot "
+            f"fit under the limit in this order",
+            r,
+            a,
+        )
