@@ -44,9 +44,9 @@ from pipeweaver.schedule import Schedule
 DEFAULT_STRATEGIES: tuple[Memory, ...] = (Memory.NONE, Memory.RECOMPUTE)
 """What the runtime executes on any device; add :attr:`Memory.OFFLOAD` where a GPU is."""
 
-_MARGIN = 1e-7
-"""Relative slack kept below each limit in the ILP, so that HiGHS's feasibility tolerance can
-never admit a choice over the limit (every choice is verified exactly afterwards)."""
+_MARGIN = 1e-6
+"""Relative slack below each limit for a second solve, when HiGHS's feasibility tolerance let
+the first one's choice exceed the limit by a hair (every choice is verified exactly)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,47 +267,75 @@ def _greedy(problem: _RankProblem, limit: float) -> list[int] | None:
     return None
 
 
-def _solve(
-    problem: _RankProblem,
-    limit: float,
-    start: Sequence[int] | None,
-    gap: float,
-    time_limit_s: float,
-) -> tuple[list[int] | None, bool]:
-    """The ILP with HiGHS: ``(choice, proven within the gap)``; choice None when infeasible or
-    nothing was found in time."""
+def _new_model(problem: _RankProblem, time_limit_s: float, gap: float):
+    """A HiGHS model with one binary column per (pair, candidate), each pair choosing one.
+    Returns ``(highspy, model, columns, column of (pair, candidate))``."""
     import highspy
 
     cols = [(p, s) for p, o in enumerate(problem.options) for s in range(len(o))]
     col_of = {ps: k for k, ps in enumerate(cols)}
     n = len(cols)
-    times = np.array([problem.options[p][s].time_s for p, s in cols])
-    scale = float(times.max()) if n and times.max() > 0 else 1.0
     with _quiet_stdout():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    # One thread and no time limit reached: the same choice on every rank and every run.
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", float(gap))
     h.setOptionValue("time_limit", float(time_limit_s))
     h.addVars(n, np.zeros(n), np.ones(n))
-    h.changeColsCost(n, np.arange(n, dtype=np.int32), times / scale)
     h.changeColsIntegrality(
         n, np.arange(n, dtype=np.int32), np.full(n, highspy.HighsVarType.kInteger)
     )
     for p, o in enumerate(problem.options):
         idx = np.array([col_of[(p, s)] for s in range(len(o))], dtype=np.int32)
         h.addRow(1.0, 1.0, idx.size, idx, np.ones(idx.size))
-    bound = 1.0 - _MARGIN
+    return highspy, h, cols, col_of
+
+
+def _memory_rows(problem: _RankProblem, col_of, scale: float):
+    """Per compute, the columns and bytes (divided by ``scale``) of its memory level."""
     for e in problem.events:
         idx, val = [], []
         for p, role in e:
             for s, c in enumerate(problem.options[p]):
-                v = _coef(c, role) / limit
+                v = _coef(c, role) / scale
                 if v:
                     idx.append(col_of[(p, s)])
                     val.append(v)
         if idx:
-            h.addRow(-highspy.kHighsInf, bound, len(idx), np.array(idx, np.int32), np.array(val))
+            yield idx, val
+
+
+def _choice_of(highspy, h, cols, num_pairs: int) -> list[int] | None:
+    sol = h.getSolution()
+    if not sol.value_valid or h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        return None
+    x = np.asarray(sol.col_value)
+    choice = [0] * num_pairs
+    for k, (p, s) in enumerate(cols):
+        if x[k] > 0.5:
+            choice[p] = s
+    return choice
+
+
+def _solve(
+    problem: _RankProblem,
+    limit: float,
+    start: Sequence[int] | None,
+    gap: float,
+    time_limit_s: float,
+    margin: float = 0.0,
+) -> tuple[list[int] | None, bool]:
+    """The ILP with HiGHS: ``(choice, proven within the gap)``; choice None when infeasible or
+    nothing was found in time."""
+    highspy, h, cols, col_of = _new_model(problem, time_limit_s, gap)
+    n = len(cols)
+    times = np.array([problem.options[p][s].time_s for p, s in cols])
+    # HiGHS's tolerances are absolute: times scaled to at most 1, bytes to the limit.
+    scale = float(times.max()) if n and times.max() > 0 else 1.0
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), times / scale)
+    for idx, val in _memory_rows(problem, col_of, limit):
+        h.addRow(-highspy.kHighsInf, 1.0 - margin, len(idx), np.array(idx, np.int32), np.array(val))
     if start is not None:
         sol = highspy.HighsSolution()
         x = np.zeros(n)
@@ -317,16 +345,24 @@ def _solve(
         sol.value_valid = True
         h.setSolution(sol)
     h.run()
-    status = h.getModelStatus()
-    sol = h.getSolution()
-    if not sol.value_valid or status == highspy.HighsModelStatus.kInfeasible:
-        return None, False
-    x = np.asarray(sol.col_value)
-    choice = [0] * len(problem.options)
-    for k, (p, s) in enumerate(cols):
-        if x[k] > 0.5:
-            choice[p] = s
-    return choice, status == highspy.HighsModelStatus.kOptimal
+    choice = _choice_of(highspy, h, cols, len(problem.options))
+    return choice, choice is not None and h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+
+
+def _least_peak(problem: _RankProblem, time_limit_s: float) -> float:
+    """The least peak of activation bytes any choice reaches in this order (for the error)."""
+    frugal = [min(range(len(o)), key=lambda s: (o[s].kept_bytes, s)) for o in problem.options]
+    upper = max(_levels(problem, frugal))
+    highspy, h, cols, col_of = _new_model(problem, time_limit_s, 0.0)
+    z = len(cols)
+    h.addVar(0.0, highspy.kHighsInf)
+    h.changeColCost(z, 1.0)
+    for idx, val in _memory_rows(problem, col_of, upper):
+        h.addRow(-highspy.kHighsInf, 0.0, len(idx) + 1, np.array(idx + [z], np.int32),
+                 np.array(val + [-1.0]))  # fmt: skip
+    h.run()
+    choice = _choice_of(highspy, h, cols, len(problem.options))
+    return min(upper, max(_levels(problem, choice))) if choice is not None else upper
 
 
 def _cost_of(problem: _RankProblem, choice: Sequence[int]) -> float:
@@ -354,29 +390,22 @@ def plan_rank(
     fastest = [min(range(len(o)), key=lambda s: (o[s].time_s, s)) for o in problem.options]
     choice, proven = fastest, True
     if limit is not None and problem.pairs and max(_levels(problem, fastest)) > limit:
-        need = [sum(min(_coef(c, r) for c in problem.options[p]) for p, r in e) for e in problem.events]
-        worst = max(range(len(need)), key=lambda e: need[e])
-        if need[worst] > limit:
+        start = _greedy(problem, limit)
+        found, proven = _solve(problem, limit, start, gap, time_limit_s)
+        if found is not None and max(_levels(problem, found)) > limit:
+            found, proven = _solve(problem, limit, start, gap, time_limit_s, _MARGIN)
+        feasible = [
+            c for c in (found, start) if c is not None and max(_levels(problem, c)) <= limit
+        ]
+        if not feasible:
+            need = _least_peak(problem, time_limit_s)
             raise ScheduleError(
-                f"needs at least {need[worst]:.0f} bytes of activations at this compute with "
-                f"the most frugal memory strategies ({', '.join(m.value for m in strategies)}), "
+                f"needs {need:.0f} bytes of activations at its peak with the most frugal choice "
+                f"of memory strategies ({', '.join(m.value for m in strategies)}) in this order, "
                 f"over the rank's memory limit of {limit:.0f} bytes",
                 rank,
-                None,
-                computes[worst],
             )
-        start = _greedy(problem, limit * (1.0 - _MARGIN))
-        found, proven = _solve(problem, limit, start, gap, time_limit_s)
-        candidates = [c for c in (found, start) if c is not None]
-        candidates = [c for c in candidates if max(_levels(problem, c)) <= limit]
-        if not candidates:
-            raise ScheduleError(
-                f"no choice of memory strategies ({', '.join(m.value for m in strategies)}) "
-                f"keeps activations within the rank's memory limit of {limit:.0f} bytes in this "
-                f"order (at least {need[worst]:.0f} bytes are needed)",
-                rank,
-            )
-        choice = min(candidates, key=lambda c: _cost_of(problem, c))
+        choice = min(feasible, key=lambda c: _cost_of(problem, c))
         proven = proven and choice is found
     chosen = {f: problem.options[p][choice[p]].memory for p, f in enumerate(problem.pairs)}
     peak = max(_levels(problem, choice), default=0.0)
@@ -447,6 +476,4 @@ def plan_memory(
         for r in range(n)
     )
     planned = lower(Schedule(schedule.placement, schedule.structure, order, schedule.name))
-    return MemoryPlan(
-        planned, choices, tuple(times), tuple(peaks), tuple(limits), tuple(proven)
-    )
+    return MemoryPlan(planned, choices, tuple(times), tuple(peaks), tuple(limits), tuple(proven))
