@@ -13,8 +13,10 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 (an invalid schedule is never executed), and runs this rank's action list:
 
 * a forward gathers its inputs (the previous chunk's output, local or received; for LLM chunk
-  0, every encoder sub's projected rows), runs the chunk, and keeps what its backward needs
-  (everything, or only the inputs when the compute recomputes);
+  0, every encoder sub's projected rows), runs the chunk, and keeps what its backward needs,
+  as its own memory strategy says (every action carries one): everything; only the inputs
+  (recompute: the backward reruns the forward first); or everything moved to host memory as
+  autograd saves it and back as the backward reads it (offload);
 * a backward takes its output gradient (local or received), runs the chunk's backward and
   routes the input gradients to the producers, part by part for LLM chunk 0;
 * sends are ``isend`` and never block; the matching ``irecv`` are posted ahead (no later than
@@ -202,6 +204,28 @@ def _no_span(name: str, level: int, detail: str | None = None):
     return contextlib.nullcontext()
 
 
+def _offloaded_saved_tensors(device: torch.device):
+    """Autograd hooks that keep the activations a forward saves for its backward in host memory
+    (pinned, copied back asynchronously, on a GPU). Leaves stay: parameters and the chunk's
+    inputs are resident anyway (SEMU counts the inputs as the offloaded pair's kept bytes).
+    Always a copy: on a CPU device the saved tensor would otherwise alias one the pipeline
+    later frees (``deallocate_output_tensor``)."""
+    pin = device.type == "cuda"
+
+    def pack(tensor: torch.Tensor):
+        if tensor.is_leaf:
+            return None, tensor
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin)
+        host.copy_(tensor)
+        return tensor.device, host
+
+    def unpack(packed) -> torch.Tensor:
+        where, host = packed
+        return host if where is None else host.to(where, non_blocking=pin)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 class _Step:
     """One rank's execution of one schedule."""
 
@@ -344,15 +368,17 @@ class _Step:
         return output, tokens
 
     def _forward(self, a: Compute) -> None:
-        if a.memory is Memory.OFFLOAD:
-            raise ScheduleError(
-                "the runtime does not support offloading yet", self.rt.rank, None, a
-            )
         edges = data_inputs(a, self.placement, self.structure)
         inputs = [self._take(edge, activation=True) for edge in edges] or [None]
         loss_compute = self._is_loss_compute(a)
         keep = not self.forward_only and a.memory is not Memory.RECOMPUTE
-        with contextlib.nullcontext() if keep else torch.no_grad():
+        if not keep:
+            context = torch.no_grad()
+        elif a.memory is Memory.OFFLOAD:
+            context = _offloaded_saved_tensors(self.rt.device)
+        else:
+            context = contextlib.nullcontext()
+        with context:
             output, tokens = self._run_forward(a, inputs, self.store)
         if loss_compute:
             self.tokens += tokens

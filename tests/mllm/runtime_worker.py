@@ -3,8 +3,10 @@
 
 ``runtime_worker.py fuzz OUT_DIR N FLAGS...``: runs iteration 0 under N random valid schedules
 (the same on every rank), checks that every run's gradients equal the first run's, saves the
-first run's gradients for comparison with one process, then hands the runtime an invalid
-schedule and checks it is rejected before any stage runs.
+first run's gradients for comparison with one process, runs the greedy order with memory
+strategies planned per F/B pair under a limit (phases 2 and 3: keep, recompute and offload mixed
+in one schedule) and checks its gradients too, then hands the runtime an invalid schedule and
+checks it is rejected before any stage runs.
 
 ``runtime_worker.py die STAGE MICROBATCH FLAGS...``: the given stage exits in the middle of
 the step, at its first LLM forward of that microbatch.
@@ -20,8 +22,54 @@ import torch.distributed as dist
 from megatron.mllm.arguments import parse_arguments
 from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
+from pipeweaver.checker import check
 from pipeweaver.fuzz import random_invalid_schedule, random_valid_schedule
-from pipeweaver.ir import ScheduleError
+from pipeweaver.interleave import greedy_dual_queue
+from pipeweaver.ir import Kind, Memory, ScheduleError
+from pipeweaver.search.memory_plan import StrategyCosts, plan_memory
+from pipeweaver.semu.timing import ComputeCost
+
+
+def planned_schedule(placement, structure, microbatches):
+    """The greedy order under a hard limit, then every pair's strategy by the memory ILP, with
+    costs in rows of each compute's input (recompute keeps a tenth and pays a forward again,
+    offload keeps a twentieth and pays a copy each way); the limit forces all three strategies
+    into one schedule. Prints the strategies chosen."""
+
+    def rows(a) -> float:
+        mb = microbatches[a.microbatch]
+        lens, _ = mb.compute_sequences(a.module, a.sub)
+        return float(sum(lens) * (a.chunk + 1))
+
+    def cost(a) -> ComputeCost:
+        full = rows(a)
+        if a.memory is Memory.RECOMPUTE:
+            if a.kind is Kind.F:
+                return ComputeCost(full, full / 10, 0.0)
+            return ComputeCost(3 * full, 0.0, full)
+        if a.memory is Memory.OFFLOAD:
+            return ComputeCost(1.6 * full if a.kind is Kind.F else 2.6 * full, full / 20, full)
+        return ComputeCost(full if a.kind is Kind.F else 2 * full, full, 0.0)
+
+    kept = lambda a: cost(a).kept_bytes  # noqa: E731
+    order = greedy_dual_queue(placement, structure, lambda a: cost(a).time_s)
+    peak = check(order, activation_bytes=kept).peak_activation_bytes
+    # Phase 2 orders under a looser limit (with every activation kept, a microbatch alone may
+    # not fit the tight one); phase 3 fits the tight one by its choice of strategies.
+    order = greedy_dual_queue(
+        placement,
+        structure,
+        lambda a: cost(a).time_s,
+        memory_limit=[0.9 * p for p in peak],
+        activation_bytes=kept,
+    )
+    limits = [0.4 * p for p in peak]
+    strategies = (Memory.NONE, Memory.RECOMPUTE, Memory.OFFLOAD)
+    plan = plan_memory(order, StrategyCosts(cost), limits, strategies=strategies, gap=0.0)
+    check(plan.schedule, memory_cap=limits, activation_bytes=kept)
+    used = sorted({m.value for m in plan.choices.values()})
+    print(f"rank {dist.get_rank()}: planned strategies {used}", flush=True)
+    return plan.schedule
 
 
 def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
@@ -41,8 +89,14 @@ def fuzz(out_dir: str, count: int, flags: list[str]) -> None:
             ref = first[name]
             worst = max(worst, float((g - ref).norm() / ref.norm().clamp_min(1e-30)))
     assert worst <= 1e-5, f"a fuzzed schedule changed the gradients by {worst:.2e}"
+    runtime.schedule_fn = planned_schedule
+    trainer.forward_backward(0)
+    planned = trainer.main_grads()
     os.makedirs(out_dir, exist_ok=True)
-    torch.save({"grads": first, "worst": worst}, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+    torch.save(
+        {"grads": first, "planned": planned, "worst": worst},
+        os.path.join(out_dir, f"rank{dist.get_rank()}.pt"),
+    )
 
     # An invalid schedule never runs: no stage forward may be called.
     calls = []

@@ -31,7 +31,9 @@ def test_microbatches_with_0_1_and_many_images_with_and_without_audio(world2, re
     assert_equivalent(world2["variable-pp2-dynamic"], references["variable"])
 
 
-def test_200_fuzzed_schedules_run_and_learn_what_one_process_learns(tmp_path, reference):
+def test_200_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tmp_path, reference):
+    """Fuzzed orders with random strategies, and the greedy order under a memory limit with
+    keep, recompute and offload planned per F/B pair by the memory ILP (runtime_worker.py)."""
     flags = [
         *TINY,
         *DYNAMIC,
@@ -43,14 +45,16 @@ def test_200_fuzzed_schedules_run_and_learn_what_one_process_learns(tmp_path, re
     proc = check(torchrun(2, WORKER, ["fuzz", str(tmp_path), "200", *flags], timeout=600))
     assert proc.stdout.count("fuzzed 200 schedules") == 2
     assert proc.stdout.count("rejected: rank ") == 2
-    grads = {}
-    for r in range(2):
-        grads.update(torch.load(tmp_path / f"rank{r}.pt")["grads"])
-    assert set(grads) == set(reference[0])
-    for name, g in grads.items():  # the worker checked the other 199 against this first one
-        ref = reference[0][name]
-        rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
-        assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
+    assert proc.stdout.count("planned strategies ['none', 'offload', 'recompute']") == 2
+    for run in ("grads", "planned"):
+        grads = {}
+        for r in range(2):
+            grads.update(torch.load(tmp_path / f"rank{r}.pt")[run])
+        assert set(grads) == set(reference[0])
+        for name, g in grads.items():  # the worker checked the other 199 against the first
+            ref = reference[0][name]
+            rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
+            assert rel <= 1e-5, f"{run} {name}: relative gradient difference {rel:.2e}"
 
 
 def test_a_rank_that_dies_mid_step_ends_every_rank_without_a_hang():
