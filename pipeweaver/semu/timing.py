@@ -238,7 +238,7 @@ class TimeModel:
             # A recomputing backward reruns the forward first.
             time = fwd if kind == "F" else (bwd + fwd if memory == "recompute" else bwd)
             kept, transient = self._calibrated_memory(
-                table, module, start, stop, memory, seq_lens, work, out_rows
+                table, module, start, stop, kind, memory, seq_lens, work, out_rows
             )
         else:
             time = (
@@ -320,11 +320,16 @@ class TimeModel:
         module: str,
         start: int,
         stop: int,
+        kind: str,
         memory: str,
         seq_lens: Sequence[int],
         work: ComputeWork,
         out_rows: int = 0,
     ) -> tuple[float, float]:
+        """``(kept, transient)`` bytes from the measured activation sizes, as the runtime holds
+        them: a recomputing forward runs without autograd (it frees each layer's activations
+        as it goes), its backward rebuilds all of them; an offloading pair holds them during
+        both halves and keeps only the chunk's input in between."""
         if t.act_bytes_per_token is None:
             return work.kept_bytes, work.transient_bytes
         shape = self.spec.shape.module(module)
@@ -342,6 +347,8 @@ class TimeModel:
         if memory == "none":
             return full, 0.0
         boundary = self.costs.boundary_bytes(module, tokens)
+        if memory == "recompute" and kind == "F":
+            return boundary, 0.0
         return boundary, full
 
     # ---------------------------------------------------------------- step-level work
