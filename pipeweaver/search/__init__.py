@@ -5,8 +5,11 @@ Pure Python/numpy, no ``torch.distributed``:
 
 * :mod:`pipeweaver.search.partition`: the offline modality-aware partitioner (sub-microbatch
   sizes B_i, chunks per stage K_i, layer splits by measured cost);
-* :mod:`pipeweaver.search.memory_plan`: phase 3, the per-layer memory strategy of every F/B
-  pair, chosen by one ILP per rank under a memory limit;
+* :mod:`pipeweaver.search.memory_limit`: the activation memory each rank may use (the device's,
+  or ``--pipeline-memory-limit-gb``, minus parameters, gradients and optimizer states);
+* :mod:`pipeweaver.search.memory_plan`: phase 3, the memory strategy of every F/B pair, chosen
+  by one ILP per rank under that limit in phase 2's order (phase 2 is
+  :func:`pipeweaver.interleave.greedy_dual_queue` with ``memory_limit``);
 * :mod:`pipeweaver.search.mcts`: phase 1, Monte-Carlo tree search over segment priorities,
   every rollout ordered by phase 2 (:func:`pipeweaver.interleave.greedy_dual_queue`) and
   scored by SEMU.

@@ -383,8 +383,8 @@ def plan_rank(
     """One rank's choice: ``(strategy per pair, compute time, peak bytes, proven)``.
 
     Raises:
-        ScheduleError: even the most frugal candidates exceed the limit (names the rank, the
-            bytes needed and the limit).
+        ScheduleError: no choice fits the limit in this order (names the rank, the least peak
+            any choice reaches, and the limit).
     """
     problem = _rank_problem(computes, costs, tuple(strategies), max_candidates)
     fastest = [min(range(len(o)), key=lambda s: (o[s].time_s, s)) for o in problem.options]
