@@ -401,6 +401,20 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name}-chunks-per-stage must be >= 1")
     if args.encoder_sub_microbatch_tokens < 0:
         raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
+    if args.schedule_search_budget_ms < 0:
+        raise ConfigError("--schedule-search-budget-ms must be >= 0 (0: the greedy order)")
+    if args.schedule_search_rollouts < 1:
+        raise ConfigError("--schedule-search-rollouts must be >= 1")
+    if args.pipeline_memory_limit_gb is not None:
+        if not args.pipeline_memory_limit_gb > 0:
+            raise ConfigError(
+                f"--pipeline-memory-limit-gb must be > 0, got {args.pipeline_memory_limit_gb}"
+            )
+        if args.pipeline_schedule != "dynamic" or args.schedule_search_budget_ms == 0:
+            raise ConfigError(
+                "--pipeline-memory-limit-gb applies to the searched dynamic pipeline "
+                "(--pipeline-schedule dynamic with --schedule-search-budget-ms > 0)"
+            )
     schedule = args.pipeline_schedule
     if schedule == "megatron":
         if args.pipeline_recompute != "none":

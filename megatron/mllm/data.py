@@ -168,6 +168,10 @@ class GlobalBatch:
     """Every DP rank's control words of this iteration's gather (what the step gave the loader
     to carry, e.g. the digest of its plan), in group rank order; None when none were sent."""
 
+    next_microbatches: list[list[SampleMeta]] | None = None
+    """This rank's samples of the next iteration, in Megatron's microbatches (loaders that
+    look ahead; the dynamic pipeline searches their schedule while this iteration runs)."""
+
     @property
     def samples(self) -> list[LoadedSample]:
         """This rank's samples, in loading order."""
@@ -268,6 +272,9 @@ class BatchLoader:
         if iteration + 1 in by_iteration:
             self._ahead = (iteration + 1, metas_of[iteration + 1], by_iteration[iteration + 1])
         next_metadata = self._ahead[2] if self._ahead is not None else None
+        next_own = None
+        if self._ahead is not None:
+            next_own = [[meta for _, meta in mb] for mb in self._ahead[1]]
         # The whole batch's metadata is checked before any payload is made: a bad sample then
         # stops every rank with the same error, and is never allocated. (The next iteration's
         # is checked when it becomes the current one.)
@@ -280,7 +287,12 @@ class BatchLoader:
                 for mb in metas
             ]  # fmt: skip
         return GlobalBatch(
-            iteration, microbatches, metadata, next_metadata, None if control is None else controls
+            iteration,
+            microbatches,
+            metadata,
+            next_metadata,
+            None if control is None else controls,
+            next_own,
         )
 
     def _metas(self, iteration: int) -> list[list[tuple[int, SampleMeta]]]:

@@ -174,6 +174,21 @@ class PipelineConfig:
     """Runtime schedules: recompute every chunk's forward in its backward (activation
     checkpointing per stage)."""
 
+    schedule_search_budget_ms: float = 200.0
+    """dynamic: milliseconds the hierarchical schedule search (MCTS over segment priorities,
+    each rollout ordered greedily and scored by SEMU) may spend on one batch, one batch ahead;
+    a search that has not finished when its step starts leaves that step to the greedy order.
+    0 keeps the greedy dual-queue order and searches nothing."""
+
+    schedule_search_rollouts: int = 48
+    """dynamic: rollouts of the schedule search per batch (with the run's seed this fixes the
+    schedule, so runs and resumes agree; the time budget may stop the search earlier)."""
+
+    pipeline_memory_limit_gb: float | None = None
+    """dynamic: the memory one device may use (GiB, parameters, gradients and optimizer states
+    included); the schedule search keeps every batch's activations within what is left, and
+    chooses what to recompute. Default: the GPU's memory; none on a CPU."""
+
     def chunks_per_stage(self) -> dict[str, int]:
         """K per module."""
         return {m: getattr(self, f"{m}_chunks_per_stage") for m in PHASES}

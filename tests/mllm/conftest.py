@@ -7,7 +7,10 @@ import pytest
 from equivalence import FULL_SHAPES, run_configs, variable_workload
 
 BALANCED = ["--post-balance", "auto"]
-DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"]
+# The dynamic pipeline with its schedule search, deterministic: a few rollouts, and a time
+# budget no loaded host reaches, so every run and resume of a batch gets the same schedule.
+SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]
+DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic", *SEARCH]
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,8 @@ DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--train-ite
 LAYOUTS = {
     "dp2-balanced": ["--post-balance", "auto"],
     "dp2": [],
-    "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"],
+    "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+                    "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"],  # fmt: skip
     "tp2": ["--tensor-model-parallel-size", "2"],
 }
 MODEL_FILE = "iter_0000001/mp_rank_00/model_optim_rng.pt"

@@ -32,6 +32,7 @@ def profiled(tmp_path_factory):
     runs = {
         # torch.profiler on rank 1 only: its events join that rank's track.
         "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+                        "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000",
                         "--use-pytorch-profiler", "--profile-ranks", "1",
                         "--profile-png", str(out / "pp2.png")],
         "dp2-balanced": ["--post-balance", "auto"],

@@ -17,7 +17,8 @@ from launch import REPO, check, free_port, torchrun
 pytestmark = pytest.mark.multiproc
 
 WORKER = Path(__file__).with_name("runtime_worker.py")
-DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"]
+DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+           "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ MODES = {
     "dp2": [],
     "dp2-balanced": ["--post-balance", "auto"],
     "pp2-megatron": PP2,
-    "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic"],
+    "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
 }
 """Every mode runs with the distributed optimizer; DDP's DP=2 run is the reference of all."""
 RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic")

@@ -37,7 +37,7 @@ SLACK_S = 30
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
 RUNS = {
-    "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic"],
+    "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
     "pp2-1f1b": [*PP2, "--pipeline-schedule", "1f1b"],
     "dp2-balanced": ["--post-balance", "auto"],
     "pp2-megatron": PP2,

@@ -21,7 +21,8 @@ LEVEL2 = [
 ]  # fmt: skip
 RUNS = {
     "dp2-balanced": ["--post-balance", "auto"],
-    "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"],
+    "pp2-dynamic": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+                    "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"],  # fmt: skip
 }
 
 

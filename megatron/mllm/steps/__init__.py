@@ -36,6 +36,7 @@ from megatron.mllm.pipeline import (
 from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
+from megatron.mllm.steps.schedule_ahead import SearchedSchedules, build_search
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
@@ -43,6 +44,7 @@ from orchestration.dispatcher import Dispatcher
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
+from pipeweaver.semu.batches import pack_microbatch
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
 
@@ -108,15 +110,20 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     config = mllm.language
     name = run.pipeline.pipeline_schedule
     memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE
+    sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+    schedule_fn = schedule_function(name, mllm.shape(), memory)
+    searched = None
+    if name == "dynamic" and run.pipeline.schedule_search_budget_ms > 0:
+        searched = _searched_schedules(run, mllm, pg_collection, device, schedule_fn, sub_tokens)
+        schedule_fn = searched
     runtime = PipelineRuntime(
         model.placement,
         model.chunk_module,
         PipelineP2P(pg_collection.pp, run.distributed_timeout),
-        schedule_function(name, mllm.shape(), memory),
+        schedule_fn,
         device,
         config.pipeline_dtype or config.params_dtype,
     )
-    sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
     chunks = ", ".join(
         f"{m} {model.placement.num_chunks(m)} chunks" for m in model.placement.modules
     )
@@ -125,4 +132,34 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
         return build_pipeline_microbatch(samples, mllm, device, with_features, sub_tokens)
 
     schedule = f"{name} (OrchWeave runtime, {chunks})"
-    return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime)
+    if searched is not None:
+        p = run.pipeline
+        schedule += (
+            f", searched: {p.schedule_search_rollouts} rollouts within "
+            f"{p.schedule_search_budget_ms:g} ms per batch"
+            + (", one batch ahead" if searched.ahead_requested else ", in the step")
+        )
+    return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime,
+                      schedules=searched)  # fmt: skip
+
+
+def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens):
+    """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
+    broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
+    calibration = None
+    if run.balance.cost_calibration:
+        calibration = Calibration.load(run.balance.cost_calibration)
+    search = build_search(
+        run, mllm, torch.distributed.get_world_size(), calibration,
+        run.pipeline.pipeline_memory_limit_gb,
+    )  # fmt: skip
+    encoders = list(mllm.encoders)
+
+    def to_semu(samples):
+        return [pack_microbatch(list(mb), encoders, None, run.seq_length, sub_tokens)
+                for mb in samples]  # fmt: skip
+
+    return SearchedSchedules(
+        search, greedy, pg_collection.pp, device, run.balance.plan_ahead,
+        run.distributed_timeout.total_seconds(), to_semu,
+    )  # fmt: skip

@@ -153,7 +153,8 @@ class PackedStep(TrainingStep):
     """
 
     def __init__(self, engine: Callable[..., list], pack: Callable[[list], Any], schedule: str,
-                 padded_length: int | None = None, runtime: Any = None):  # fmt: skip
+                 padded_length: int | None = None, runtime: Any = None,
+                 schedules: Any = None):  # fmt: skip
         """Args:
         engine: a ``forward_backward_func`` over packed microbatches.
         pack: ``(metadata, payload)`` pairs -> one packed microbatch.
@@ -161,6 +162,9 @@ class PackedStep(TrainingStep):
         padded_length: the fixed microbatch length ``pack`` pads to, if any.
         runtime: the :class:`~pipeweaver.runtime.executor.PipelineRuntime` whose
             ``forward_backward`` is ``engine``, when the engine is OrchWeave's.
+        schedules: the runtime's searched schedules
+            (:class:`~megatron.mllm.steps.schedule_ahead.SearchedSchedules`), when the dynamic
+            pipeline searches; it gets the next iteration's samples before each step.
         """
         super().__init__()
         self.engine = engine
@@ -168,11 +172,14 @@ class PackedStep(TrainingStep):
         self.schedule = schedule
         self.padded_length = padded_length
         self.runtime = runtime
+        self.schedules = schedules
 
     def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
         loaded = take(data_iterator, num_microbatches)
         self.last_samples = [[s.meta for s in mb.samples] for mb in loaded]
+        if self.schedules is not None:
+            self.schedules.prepare(loaded[0].batch.next_microbatches if loaded else None)
         with self.timers.span("pack"):
             microbatches = [self.pack(mb.pairs()) for mb in loaded]
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
@@ -193,6 +200,18 @@ class PackedStep(TrainingStep):
 
     def describe(self) -> str:
         return f"post-balance: none | schedule: {self.schedule}"
+
+    @property
+    def plans_ahead(self) -> bool:
+        return self.schedules is not None and self.schedules.ahead_requested
+
+    def log_note(self) -> str | None:
+        last = self.schedules.last if self.schedules is not None else None
+        return None if last is None else last.note()
+
+    def close(self) -> None:
+        if self.schedules is not None:
+            self.schedules.close()
 
     @property
     def last_schedule(self):

@@ -1,0 +1,356 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The dynamic pipeline's searched schedule, found one batch ahead and shared by the pipeline.
+
+``--pipeline-schedule dynamic`` with a search budget (``--schedule-search-budget-ms``) orders
+every batch with the hierarchical search (:mod:`pipeweaver.search`) instead of the greedy
+dual-queue rule alone. Who searches, and when:
+
+* **one planner per pipeline.** The first stage of each pipeline searches and sends the
+  result to the other stages with one broadcast of a fixed-size int64 vector (the compute order
+  of every stage, the memory strategy of every compute, and what the search found). The other
+  stages lower the same order with the same deterministic lowering, so every stage executes
+  the same schedule. A search on every stage would need no message, but it would spend every
+  stage's host time on the same work, and a deadline (below) would need a message anyway for
+  the stages to agree on whether it was met.
+* **one batch ahead.** Megatron's data order is known ahead: the loader hands the step the next
+  iteration's samples (``GlobalBatch.next_microbatches``), and the planner starts the next
+  search in one background thread as soon as this iteration's schedule is out. The search is
+  pure Python/numpy; it needs no process group.
+* **a deadline.** When the step needs its schedule and the search made ahead has not finished,
+  the step does not wait: it runs the greedy order, and the log line says so (``greedy
+  (search missed its deadline)``). Without a search made ahead (the first iteration, a resume,
+  a balancing step that forms microbatches only after its exchange) the step searches in place
+  within the same budget, and the time shows as ``schedule`` in the timers.
+
+Determinism: the search's seed is fixed by the run and its rollout budget by
+``--schedule-search-rollouts``, so the same batch gets the same schedule in every run when the
+time budget is not reached first; a resumed run therefore executes the schedules of the
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeweaver.dataflow import MicrobatchStructure, all_computes
+from pipeweaver.ir import Compute, Memory, ScheduleError
+from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
+from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
+
+MEMORY_CODES: tuple[Memory, ...] = (Memory.NONE, Memory.RECOMPUTE, Memory.OFFLOAD)
+"""The memory strategy of a compute as it travels: its index here."""
+
+SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step")
+"""Where a step's schedule came from, as it travels (index) and as the log prints it:
+``greedy`` (no search), ``searched`` (made ahead, in time), ``missed`` (made ahead, not in
+time: greedy ran), ``in-step`` (searched in the step, nothing was made ahead)."""
+
+_HEADER = 5  # source, rollouts, predicted us, greedy us, search us
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOutcome:
+    """What one search produced."""
+
+    schedule: Schedule
+    """The schedule (lowered; its computes carry their memory strategies)."""
+
+    rollouts: int
+    """Rollouts the search ran."""
+
+    predicted_s: float
+    """SEMU's step time of :attr:`schedule`."""
+
+    greedy_s: float
+    """SEMU's step time of the greedy order on the same batch."""
+
+    search_s: float
+    """Seconds the search took."""
+
+
+SearchFn = Callable[[Placement, MicrobatchStructure, Sequence[MicrobatchMeta]], SearchOutcome]
+"""``(placement, structure, microbatches) -> SearchOutcome``: the searcher, bound to the run's
+SEMU, seed and budgets."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """What the latest step's schedule was, for the log line and the metrics."""
+
+    source: str
+    """One of :data:`SOURCES`."""
+
+    rollouts: int
+    """Rollouts of the search behind it (0 for greedy)."""
+
+    predicted_s: float
+    """SEMU's step time of the schedule that ran (0 when unknown)."""
+
+    greedy_s: float
+    """SEMU's step time of the greedy order (0 when unknown)."""
+
+    search_s: float
+    """Seconds the search took (in the background, unless ``in-step``)."""
+
+    def note(self) -> str:
+        """The log line's part: ``schedule: searched 64 rollouts 85.1 ms, SEMU 153.2 ms
+        (greedy 160.1 ms)``."""
+        if self.source == "greedy":
+            return "schedule: greedy"
+        if self.source == "missed":
+            return (
+                f"schedule: greedy (search missed its deadline, {self.search_s * 1e3:.1f} ms so "
+                f"far)"
+            )
+        return (
+            f"schedule: {self.source} {self.rollouts} rollouts {self.search_s * 1e3:.1f} ms, "
+            f"SEMU {self.predicted_s * 1e3:.1f} ms (greedy {self.greedy_s * 1e3:.1f} ms)"
+        )
+
+    def record(self) -> dict:
+        """The ``schedule_search`` entry of ``--metrics-jsonl``."""
+        return {
+            "source": self.source,
+            "rollouts": self.rollouts,
+            "predicted_s": self.predicted_s,
+            "greedy_s": self.greedy_s,
+            "search_s": self.search_s,
+        }
+
+
+def semu_microbatch(mb) -> MicrobatchMeta:
+    """SEMU's view of a runtime microbatch (``megatron.mllm.pipeline.PipelineMicrobatch``):
+    the LLM's packed sequences and each encoder sub's units and rows, unpadded."""
+    lens = tuple(int(n) for n in mb.language.seq_lens)
+    encoders = {}
+    for encoder in mb.subs:
+        encoders[encoder] = tuple(
+            SubBatch(tuple(int(u) for u in sub.unit_lens), int(sub.num_rows))
+            for sub in mb.subs[encoder]
+        )
+    return MicrobatchMeta(lens, sum(lens), encoders, 0.0, 0)
+
+
+def _shape(mb: MicrobatchMeta) -> tuple:
+    """What a schedule depends on: the sequences and the subs (not the FLOPs or the count of
+    samples, which only the loader's packing knows)."""
+    return mb.llm_seq_lens, tuple(sorted(mb.encoders.items()))
+
+
+def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None) -> np.ndarray:
+    """A schedule as the fixed-size int64 vector the planner broadcasts: a header, then every
+    stage's computes in order, each ``index * 4 + memory code`` with ``index`` its position in
+    :func:`pipeweaver.dataflow.all_computes` order."""
+    index = {a: i for i, a in enumerate(all_computes(schedule.placement, schedule.structure))}
+    body = [
+        index[a.key] * 4 + MEMORY_CODES.index(a.memory)
+        for actions in schedule.actions
+        for a in actions
+        if isinstance(a, Compute)
+    ]
+    if len(body) != len(index):
+        raise ScheduleError(f"the schedule runs {len(body)} computes, the step has {len(index)}")
+    header = [source, 0, 0, 0, 0]
+    if outcome is not None:
+        header = [
+            source,
+            outcome.rollouts,
+            round(outcome.predicted_s * 1e6),
+            round(outcome.greedy_s * 1e6),
+            round(outcome.search_s * 1e6),
+        ]
+    return np.asarray(header + body, dtype=np.int64)
+
+
+def decode(words: np.ndarray, placement: Placement, structure: MicrobatchStructure
+           ) -> tuple[Schedule, ScheduleRecord]:  # fmt: skip
+    """Inverse of :func:`encode`: the lowered schedule and what the planner said of it."""
+    computes = list(all_computes(placement, structure))
+    order: list[list[Compute]] = [[] for _ in range(placement.num_ranks)]
+    for w in words[_HEADER:]:
+        a = computes[int(w) // 4].with_memory(MEMORY_CODES[int(w) % 4])
+        order[placement.rank_of(a.module, a.chunk)].append(a)
+    source, rollouts, predicted, greedy, search = (int(x) for x in words[:_HEADER])
+    schedule = lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
+    record = ScheduleRecord(SOURCES[source], rollouts, predicted / 1e6, greedy / 1e6, search / 1e6)
+    return schedule, record
+
+
+def words_length(placement: Placement, structure: MicrobatchStructure) -> int:
+    """Length of the vector :func:`encode` makes for this step (every stage knows it)."""
+    return _HEADER + sum(1 for _ in all_computes(placement, structure))
+
+
+class SearchedSchedules:
+    """The runtime's ``schedule_fn`` for a searched dynamic pipeline (see the module docstring).
+
+    Call :meth:`prepare` before each step with the next iteration's microbatches (this rank's,
+    from the loader), then let the runtime call the object for the step's schedule.
+    """
+
+    def __init__(self, search: SearchFn, greedy: Callable[..., Schedule], pp_group,
+                 device: torch.device, ahead: bool, timeout_s: float,
+                 next_microbatches: Callable[[list], Sequence[MicrobatchMeta]]):  # fmt: skip
+        """Args:
+        search: the searcher (:data:`SearchFn`).
+        greedy: the greedy schedule function ``(placement, structure, microbatches)``.
+        pp_group: this pipeline's process group (the broadcast's).
+        device: where the broadcast vector lives (CUDA with NCCL).
+        ahead: search the next batch in the background (False: every search in the step).
+        timeout_s: the longest the background thread may take to stop at the run's end.
+        next_microbatches: this rank's next-iteration samples (lists of ``SampleMeta`` per
+            microbatch) -> SEMU's microbatches, packed exactly as the runtime packs them.
+        """
+        self.search = search
+        self.greedy = greedy
+        self.pp_group = pp_group
+        self.device = device
+        self.timeout_s = timeout_s
+        self.to_semu = next_microbatches
+        self.stage = dist.get_rank(pp_group)
+        self.root = dist.get_global_rank(pp_group, 0)
+        self.ahead_requested = ahead
+        """Whether the run searches ahead (the loader then looks ahead on every stage)."""
+        self.ahead = ahead and self.stage == 0
+        self._executor = None
+        if self.ahead:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="orchweave-schedule-search"
+            )
+        # The SEMU instance behind ``search`` keeps caches: one search at a time.
+        self._lock = threading.Lock()
+        self._next: list | None = None
+        self._pending: tuple[list[MicrobatchMeta], concurrent.futures.Future] | None = None
+        self.last: ScheduleRecord | None = None
+        """What the latest step's schedule was."""
+
+    def prepare(self, next_samples: list | None) -> None:
+        """The next iteration's samples of this rank (None at the run's end); the search for
+        them starts once this step's schedule is out."""
+        self._next = next_samples
+
+    def __call__(self, placement: Placement, structure: MicrobatchStructure,
+                 microbatches: Sequence) -> Schedule:  # fmt: skip
+        n = words_length(placement, structure)
+        if self.stage == 0:
+            words = self._plan(placement, structure, [semu_microbatch(mb) for mb in microbatches])
+            buf = torch.from_numpy(words).to(self.device)
+        else:
+            buf = torch.zeros(n, dtype=torch.int64, device=self.device)
+        if buf.numel() != n:
+            raise ScheduleError(f"the planner sent {buf.numel()} words, this stage expects {n}")
+        dist.broadcast(buf, self.root, group=self.pp_group)
+        schedule, self.last = decode(buf.cpu().numpy(), placement, structure)
+        self._submit_next(placement)
+        return schedule
+
+    def _plan(self, placement, structure, mbs: list[MicrobatchMeta]) -> np.ndarray:
+        """The first stage's schedule of this step, encoded."""
+        pending, self._pending = self._pending, None
+        if pending is not None and [_shape(m) for m in pending[0]] == [_shape(m) for m in mbs]:
+            future = pending[1]
+            if future.done():
+                outcome = future.result()  # a search error is raised here, as in the step
+                return encode(outcome.schedule, SOURCES.index("searched"), outcome)
+            started = time.perf_counter() - getattr(future, "started", time.perf_counter())
+            missed = SearchOutcome(self.greedy(placement, structure, mbs), 0, 0.0, 0.0, started)
+            return encode(missed.schedule, SOURCES.index("missed"), missed)
+        with self._lock:
+            outcome = self.search(placement, structure, mbs)
+        return encode(outcome.schedule, SOURCES.index("in-step"), outcome)
+
+    def _submit_next(self, placement: Placement) -> None:
+        samples, self._next = self._next, None
+        if not self.ahead or samples is None:
+            return
+        mbs = list(self.to_semu(samples))
+        encoders = placement.encoders
+        structure = MicrobatchStructure(
+            len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
+        )
+
+        def job() -> SearchOutcome:
+            with self._lock:
+                return self.search(placement, structure, mbs)
+
+        future = self._executor.submit(job)
+        future.started = time.perf_counter()
+        self._pending = (mbs, future)
+
+    def close(self) -> None:
+        """Stop the background thread (a search in flight finishes and is dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._pending = None
+
+
+def build_search(run, mllm, world_size: int, calibration, memory_limit_gb: float | None = None
+                 ) -> SearchFn:  # fmt: skip
+    """The run's searcher: MCTS over segment priorities with SEMU of this run's model, cluster
+    and calibration (``--cost-calibration``), ``--schedule-search-rollouts`` rollouts seeded by
+    ``--seed``, stopped at ``--schedule-search-budget-ms``; with a memory limit, phase 2 keeps
+    every order within it (as if every chunk were recomputed) and phase 3's ILP chooses which
+    pairs keep their activations.
+
+    Args:
+        run: the :class:`~megatron.mllm.run_config.RunConfig`.
+        mllm: its model.
+        world_size: processes of the run (SEMU's cluster).
+        calibration: the run's :class:`~orchestration.calibration.Calibration`, or None.
+        memory_limit_gb: ``--pipeline-memory-limit-gb`` (None: the device's memory, none on a
+            CPU).
+    """
+    from megatron.mllm.config_files import semu_model_spec
+    from megatron.mllm.prediction import run_cluster
+    from pipeweaver.search.mcts import search_schedule
+    from pipeweaver.search.memory_limit import memory_limit_bytes
+    from pipeweaver.search.memory_plan import StrategyCosts, plan_memory
+    from pipeweaver.semu.simulator import Semu
+
+    semu = Semu(semu_model_spec(run, mllm), run_cluster(world_size, run.balance.gpus_per_node),
+                calibration)  # fmt: skip
+    p = run.pipeline
+    budget = p.schedule_search_budget_ms
+    memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
+    device_bytes = None
+    if semu.cluster.device.name != "cpu":
+        device_bytes = semu.cluster.device.hbm_bytes
+
+    def search(placement: Placement, structure: MicrobatchStructure,
+               microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
+        limits = memory_limit_bytes(device_bytes, semu.static_bytes(placement), memory_limit_gb)
+        # --pipeline-recompute all: every pair recomputed, as in the greedy order.
+        options = {"memory": memory}
+        if any(limit is not None for limit in limits):
+            costs = StrategyCosts.from_semu(semu, placement, microbatches)
+            frugal = semu.activation_bytes(
+                placement, microbatches
+            )  # kept bytes of the strategy each compute carries
+
+            def refine(schedule: Schedule) -> Schedule:
+                return plan_memory(schedule, costs, limits).schedule
+
+            options.update(
+                memory_limit=limits,
+                activation_bytes=lambda a: frugal(a.with_memory(Memory.RECOMPUTE)),
+                refine=refine,
+            )
+        result = search_schedule(
+            placement, structure, microbatches, semu, rollouts=p.schedule_search_rollouts,
+            seed=run.seed, budget_ms=budget, **options,
+        )  # fmt: skip
+        return SearchOutcome(result.schedule, result.rollouts, result.step_time_s,
+                             result.greedy_step_time_s, result.search_s)  # fmt: skip
+
+    return search
