@@ -27,6 +27,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.mllm.batch import build_microbatch
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PipelineStageModel, PlacedModel
+from megatron.mllm.partitioning import sub_microbatch_units
 from megatron.mllm.pipeline import (
     RuntimeModel,
     build_pipeline_microbatch,
@@ -43,18 +44,29 @@ from orchestration.dispatcher import Dispatcher
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
+from pipeweaver.search.partition import PartitionPlan
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
 
 
-def build_stage_model(run, mllm: MLLMConfig, pp_rank: int, pg_collection) -> PlacedModel:
-    """This rank's share of the model: the baseline placement, or the runtime's."""
+def build_stage_model(
+    run, mllm: MLLMConfig, pp_rank: int, pg_collection, partition: PartitionPlan | None = None
+) -> PlacedModel:
+    """This rank's share of the model: the baseline placement, or the runtime's (the
+    partitioner's layout when ``partition``, :func:`megatron.mllm.partitioning.partition_plan`,
+    is given; the engine then cuts the encoders' subs by its B_i)."""
     if not run.uses_runtime:
         return PipelineStageModel(mllm, pp_rank, run.parallel.pipeline, pg_collection)
     placement = runtime_placement(
-        run.pipeline.pipeline_schedule, run.parallel.pipeline, mllm, run.pipeline.chunks_per_stage()
+        run.pipeline.pipeline_schedule,
+        run.parallel.pipeline,
+        mllm,
+        run.pipeline.chunks_per_stage(),
+        partition,
     )
-    return RuntimeModel(mllm, placement, pp_rank, pg_collection)
+    model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
+    model.partition = partition
+    return model
 
 
 def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
@@ -117,12 +129,15 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
         config.pipeline_dtype or config.params_dtype,
     )
     sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+    sub_units = sub_microbatch_units(run, getattr(model, "partition", None))
     chunks = ", ".join(
         f"{m} {model.placement.num_chunks(m)} chunks" for m in model.placement.modules
     )
 
     def pack(samples):
-        return build_pipeline_microbatch(samples, mllm, device, with_features, sub_tokens)
+        return build_pipeline_microbatch(
+            samples, mllm, device, with_features, sub_tokens, sub_units
+        )
 
     schedule = f"{name} (OrchWeave runtime, {chunks})"
     return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime)
