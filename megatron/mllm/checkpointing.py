@@ -549,7 +549,8 @@ def load_checkpoint(
             raise CheckpointError(
                 f"{path} holds the chunks {saved_chunks}, this run places {chunks} here: check "
                 "--num-layers, --vision-num-layers, --audio-num-layers, --pipeline-schedule and "
-                "the --*-chunks-per-stage against the saved run's"
+                "the --*-chunks-per-stage against the saved run's (with auto, also "
+                "--cost-calibration, the workload and the batch sizes the partitioner reads)"
             )
         _check_model(path, model, state["model"])
         model.load_state_dict(state["model"])

@@ -11,13 +11,11 @@ communication.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from megatron.mllm.arguments import ConfigError
-from megatron.mllm.config import MLLMConfig
-from megatron.mllm.model import module_layers
 from megatron.mllm.run_config import AUTO, RunConfig
 from orchestration.calibration import Calibration
-from orchestration.packing import microbatch_indices
 from orchestration.workload_spec import SampleStream
 from pipeweaver.ir import ScheduleError
 from pipeweaver.search.partition import (
@@ -28,12 +26,23 @@ from pipeweaver.search.partition import (
     workload_shape,
 )
 
+if TYPE_CHECKING:  # the model's config imports torch; the plan needs only its sizes
+    from megatron.mllm.config import MLLMConfig
+
 SUMMARY_ITERATIONS = 8
-"""Iterations of the workload the partitioner summarises (fewer when the run is shorter)."""
+"""Iterations of the workload (global batches from the first) the partitioner summarises."""
 
 
-def partition_plan(run: RunConfig, mllm: MLLMConfig) -> PartitionPlan | None:
+def partition_plan(
+    run: RunConfig, mllm: "MLLMConfig", calibration: Calibration | str | None = None
+) -> PartitionPlan | None:
     """The partitioner's plan when a flag asks for it (and the runtime runs), else None.
+
+    Args:
+        run: the run's flags.
+        mllm: its model.
+        calibration: the measured costs (or their file); default ``--cost-calibration``'s,
+            else the model's FLOPs.
 
     Raises:
         ConfigError: the model cannot be cut as the flags ask.
@@ -41,30 +50,37 @@ def partition_plan(run: RunConfig, mllm: MLLMConfig) -> PartitionPlan | None:
     p = run.pipeline
     if not p.auto_flags or not run.uses_runtime:
         return None
-    layers = module_layers(mllm)
+    layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
     present = [m for m, n in layers.items() if n > 0]
     costs, source = FlopCosts(mllm.shape()), "from the model's FLOPs"
-    if run.balance.cost_calibration:
-        calibrated = CalibratedCosts(Calibration.load(run.balance.cost_calibration))
-        name = os.path.basename(run.balance.cost_calibration)
+    calibration = calibration or run.balance.cost_calibration
+    if calibration:
+        name = "given"
+        if not isinstance(calibration, Calibration):
+            name = os.path.basename(calibration)
+            calibration = Calibration.load(calibration)
+        calibrated = CalibratedCosts(calibration)
         if calibrated.covers(present):
             costs, source = calibrated, f"measured ({name})"
         else:
             source += f" ({name} does not cover every module)"
     w = run.workload
     stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
-    dp, m = run.parallel.data, run.num_microbatches
-    iterations = max(1, min(SUMMARY_ITERATIONS, run.training.train_iters or SUMMARY_ITERATIONS))
+    # Megatron's sampler gives every microbatch an aligned run of micro-batch-size samples
+    # (microbatch_indices), whatever the DP size: the plan of a resumed run with another DP
+    # size or more iterations is the same.
+    mbs = run.micro_batch_size
     microbatches = [
-        [stream.meta(k) for k in mb]
-        for it in range(iterations)
-        for d in range(dp)
-        for mb in microbatch_indices(it, d, dp, run.micro_batch_size, m)
+        [stream.meta(k) for k in range(i * mbs, (i + 1) * mbs)]
+        for i in range(SUMMARY_ITERATIONS * run.global_batch_size // mbs)
     ]
     shape = workload_shape(microbatches, list(mllm.encoders))
     source += f", workload {w.workload}: {len(microbatches)} microbatches"
     chunks = {name: None if k == AUTO else int(k) for name, k in p.chunks_per_stage().items()}
     size = p.encoder_sub_microbatch_size
+    given = "--encoder-sub-microbatch-size" if size else "a typical microbatch's units"
+    if not size and p.encoder_sub_microbatch_tokens:
+        given = "the units --encoder-sub-microbatch-tokens holds"
     subs = {}
     for enc in mllm.encoders:
         if size == AUTO:
@@ -87,6 +103,7 @@ def partition_plan(run: RunConfig, mllm: MLLMConfig) -> PartitionPlan | None:
             chunks_per_stage=chunks,
             sub_microbatch_units=subs,
             split_by_cost=any(k is None for k in chunks.values()),
+            given_sub=f"given ({given}; T_i is measured there)",
             source=source,
         )
     except ScheduleError as e:

@@ -257,6 +257,9 @@ class PartitionPlan:
     split_by_cost: bool = True
     """Whether the layers were split by cost (else evenly by count)."""
 
+    given_sub: str = "given"
+    """What a given B_i stands for (e.g. the units a typical microbatch holds)."""
+
     cost_unit: str = "ms"
     """Unit of every cost."""
 
@@ -276,7 +279,7 @@ class PartitionPlan:
         u = self.cost_unit
         lines = [f"partitioner: costs {self.source}"]
         for enc, b in self.sub_microbatch_units.items():
-            how = "given"
+            how = self.given_sub
             choice = self.sub_choices.get(enc)
             if choice is not None:
                 how = (
@@ -327,6 +330,7 @@ def plan_partition(
     sub_microbatch_units: Mapping[str, int | None] | None = None,
     keep: float = KEEP_THROUGHPUT,
     split_by_cost: bool = True,
+    given_sub: str = "given",
     source: str = "",
 ) -> PartitionPlan:
     """DIP's offline partitioning of a model over ``num_ranks`` pipeline ranks.
@@ -341,6 +345,7 @@ def plan_partition(
         keep: the fraction of the best throughput B_i keeps.
         split_by_cost: cut the layers by cost; False cuts them evenly by count
             (:func:`pipeweaver.placement.split_layers`, the layout of given chunk counts).
+        given_sub: what the given B_i stand for, for :meth:`PartitionPlan.explain`.
         source: where the costs and the workload came from (for :meth:`PartitionPlan.explain`).
 
     Raises:
@@ -406,6 +411,7 @@ def plan_partition(
         sub_choices=choices,
         auto=frozenset(auto),
         split_by_cost=split_by_cost,
+        given_sub=given_sub,
         cost_unit=costs.unit,
         source=source,
     )

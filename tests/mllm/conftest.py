@@ -9,9 +9,8 @@ from launch import REPO
 
 BALANCED = ["--post-balance", "auto"]
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"]
-AUTO = [f"--{flag}" for flag in ("vision-chunks-per-stage", "audio-chunks-per-stage",
-                                 "llm-chunks-per-stage", "encoder-sub-microbatch-size")]  # fmt: skip
-"""The partitioner's flags."""
+CHUNKS_AUTO = [x for m in ("vision", "audio", "llm") for x in (f"--{m}-chunks-per-stage", "auto")]
+"""Every module's chunks per stage chosen by the partitioner."""
 
 
 @pytest.fixture(scope="session")
@@ -55,10 +54,10 @@ def world2(tmp_path_factory, references, workload_dir):
                                        "--encoder-sub-microbatch-tokens", "40",
                                        "--pipeline-recompute", "all"],  # fmt: skip
         "variable-pp2-dynamic": [*variable, *DYNAMIC, "--encoder-sub-microbatch-tokens", "30"],
-        # The partitioner on measured costs: B_i > 1 unit cuts subs by count, layers by cost.
-        "pp2-dynamic-auto": [*DYNAMIC, *(x for f in AUTO for x in (f, "auto")),
-                             "--cost-calibration",
-                             str(REPO / "scripts" / "configs" / "calibration-cpu.json")],  # fmt: skip
+        # The partitioner on measured costs (layers by cost), subs cut by count: 2 units each.
+        "variable-pp2-dynamic-auto": [*variable, *DYNAMIC, *CHUNKS_AUTO,
+                                      "--encoder-sub-microbatch-size", "2", "--cost-calibration",
+                                      str(REPO / "scripts/configs/calibration-cpu.json")],  # fmt: skip
         "variable-dp2-balanced": [*variable, *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip

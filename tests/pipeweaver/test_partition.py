@@ -17,12 +17,14 @@ from orchestration.calibration import Calibration, LayerTimeModel
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.packing import (
     balanced_contiguous_split,
+    microbatch_indices,
     encoder_sub_groups,
     near_equal_sub_groups,
     sub_microbatch_count,
     sub_microbatch_groups,
 )
 from orchestration.workload import Item, SampleMeta
+from orchestration.workload_spec import SampleStream
 from pipeweaver.ir import ScheduleError
 from pipeweaver.placement import Placement, split_layers
 from pipeweaver.search.partition import (
@@ -251,3 +253,47 @@ def test_a_placement_from_explicit_splits_puts_chunk_j_on_rank_j_mod_p():
     )
     with pytest.raises(ScheduleError, match="contiguous from layer 0"):
         Placement.from_splits(2, {"llm": [(0, 2), (3, 4)]})
+
+
+VARIABLE = """\
+{"id": "a", "text_tokens": 20, "image": [{"units": [16, 16], "llm_tokens": 8}]}
+{"id": "b", "text_tokens": 9, "image": [24, 8, 12, {"units": [40], "llm_tokens": 10}, 6]}
+{"id": "c", "text_tokens": 5, "image": [64, 16, 16], "audio": [{"units": [47, 47], "llm_tokens": 20}]}
+{"id": "d", "text_tokens": 30, "audio": [40, 40, 40]}
+"""
+
+
+def test_semu_places_and_cuts_as_the_plan_says(tmp_path):
+    from megatron.mllm.cli.args import quiet_config_files
+    from megatron.mllm.partitioning import partition_plan, sub_microbatch_units
+    from pipeweaver.semu.hardware import ClusterSpec
+    from pipeweaver.semu.scenario import build_step
+
+    configs = quiet_config_files()
+    flags = ["--pipeline-model-parallel-size 2", "--pipeline-schedule dynamic",
+             "--llm-chunks-per-stage auto", "--encoder-sub-microbatch-size 2"]  # fmt: skip
+    (tmp_path / "variable.jsonl").write_text(VARIABLE)
+    flags += [f"--workload {tmp_path / 'variable.jsonl'}", "--workload-token-scale 1"]
+    loaded = configs.load_run_config("cpu-main", flags, world_size=2)
+    plan = partition_plan(loaded.run, loaded.model, "scripts/configs/calibration-cpu.json")
+    units = sub_microbatch_units(loaded.run, plan)
+    assert units == dict(plan.sub_microbatch_units) == {"vision": 2, "audio": 2}
+    assert "measured" in plan.source and plan.split_by_cost
+    cluster = ClusterSpec.load(configs.find_config("cpu-2ranks"))
+    schedules, mbs, _ = build_step(loaded.semu, cluster, schedule="dynamic", pad=False,
+                                   partition=plan)  # fmt: skip
+    assert schedules[0].placement == plan.placement()
+    run = loaded.run
+    stream = SampleStream(run.workload.workload, run.workload.workload_seed,
+                          run.workload.workload_token_scale)  # fmt: skip
+    cut = False
+    for mb, indices in zip(mbs[0], microbatch_indices(0, 0, 1, run.micro_batch_size, 8)):
+        for enc, subs in mb.encoders.items():
+            items = [len(it.units) for k in indices for it in stream.meta(k).encoder_items(enc)]
+            # ceil(N / B) near-equal subs (fewer only when there are fewer items), the largest
+            # as small as any contiguous cut makes it.
+            count = min(math.ceil(sum(items) / units[enc]), len(items))
+            assert len(subs) == count
+            assert max(len(s.units) for s in subs) == _brute(items, count)[0]
+            cut = cut or count > 1
+    assert cut  # some microbatch was cut
