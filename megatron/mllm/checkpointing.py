@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from megatron.mllm import distributed, optimizer_state
+from megatron.mllm.chunks import global_name
 
 logger = logging.getLogger(__name__)
 
@@ -476,6 +477,70 @@ def _check_model(path: str, model: torch.nn.Module, saved: dict[str, Any]) -> No
         )
 
 
+_CHUNK_KEY = re.compile(r"^(?:module\.)?chunks\.([a-z]+)_(\d+)\.(.+)$")
+"""A runtime model's state entry: ``chunks.<module>_<chunk>.<local name>``."""
+
+_LAYOUT_CHUNK = re.compile(r"^([a-z]+)(\d+):(\d+)-(\d+)$")
+"""A chunk of a layout as checkpoints record it: ``<module><chunk>:<start>-<stop>``."""
+
+
+def _global_names(keys, chunks: list[str] | None) -> dict[str, str] | None:
+    """Each runtime-model state key -> its layout-independent name, given the layout's chunks;
+    None when the keys or chunks are not a runtime model's (the baseline's stage model)."""
+    starts = {}
+    for entry in chunks or []:
+        match = _LAYOUT_CHUNK.match(entry)
+        if match is None:
+            return None
+        starts[(match[1], int(match[2]))] = int(match[3])
+    names = {}
+    for key in keys:
+        match = _CHUNK_KEY.match(key)
+        start = starts.get((match[1], int(match[2]))) if match else None
+        if start is None:
+            return None
+        names[key] = global_name(match[1], start, match[3])
+    return names
+
+
+def _resplit(checkpoint: Checkpoint, ranks: Ranks, layout: dict[str, Any], model, path: str,
+             state: dict[str, Any], load_optim: bool) -> dict[str, Any]:  # fmt: skip
+    """This rank's model state from a checkpoint saved with the modules split otherwise (the
+    same pipeline size): every entry found by its layout-independent name in the pipeline
+    ranks' files (verified first). The optimizer state is per rank and does not follow."""
+    chunks, saved_chunks = layout.get("chunks"), state["layout"].get("chunks")
+    mismatch = (
+        f"{path} holds the chunks {saved_chunks}, this run places {chunks} here: check "
+        "--num-layers, --vision-num-layers, --audio-num-layers, --pipeline-schedule and the "
+        "--*-chunks-per-stage against the saved run's (with auto, also --cost-calibration, the "
+        "workload and the batch sizes the partitioner reads)"
+    )
+    own = _global_names(model.state_dict().keys(), chunks)
+    if own is None or _global_names(state["model"].keys(), saved_chunks) is None:
+        raise CheckpointError(mismatch)
+    if load_optim:
+        raise CheckpointError(
+            f"{mismatch}; or pass --no-load-optim to load the model alone into this split (the "
+            "optimizer state is kept per rank and does not follow the layers)"
+        )
+    files = [model_file(Ranks(ranks.dp, ranks.tp, p), layout["pp"]) for p in range(layout["pp"])]
+    _verify(checkpoint, files, digests=True)
+    by_name: dict[str, Any] = {}
+    for relative in files:
+        saved = _read(checkpoint.path(relative))
+        names = _global_names(saved["model"].keys(), saved["layout"].get("chunks"))
+        if names is None:
+            raise CheckpointError(mismatch)
+        by_name.update({names[key]: value for key, value in saved["model"].items()})
+    missing = next((name for name in own.values() if name not in by_name), None)
+    if missing is not None:
+        raise CheckpointError(
+            f"{checkpoint.directory} holds no {missing} in any pipeline rank's file: check "
+            "--num-layers, --vision-num-layers, --audio-num-layers against the saved run's"
+        )
+    return {key: by_name[name] for key, name in own.items()}
+
+
 def load_checkpoint(
     root: str,
     model: torch.nn.Module,
@@ -545,15 +610,11 @@ def load_checkpoint(
                 f"{path} holds iteration {state.get('iteration')}, not {checkpoint.iteration}"
             )
         saved_chunks, chunks = state["layout"].get("chunks"), layout.get("chunks")
+        model_state = state["model"]
         if saved_chunks != chunks:
-            raise CheckpointError(
-                f"{path} holds the chunks {saved_chunks}, this run places {chunks} here: check "
-                "--num-layers, --vision-num-layers, --audio-num-layers, --pipeline-schedule and "
-                "the --*-chunks-per-stage against the saved run's (with auto, also "
-                "--cost-calibration, the workload and the batch sizes the partitioner reads)"
-            )
-        _check_model(path, model, state["model"])
-        model.load_state_dict(state["model"])
+            model_state = _resplit(checkpoint, ranks, layout, model, path, state, load_optim)
+        _check_model(path, model, model_state)
+        model.load_state_dict(model_state)
         if not load_optim:
             # Main parameters kept apart from the model's (bf16, or the distributed
             # optimizer's shards of them) follow the loaded model.
