@@ -19,7 +19,10 @@ order is a pure function of the iteration, so model, optimizer and random states
 run exactly. A run with another DP size gets the same global batches, but its ranks' random
 states cannot be mapped onto the saved ones: it resumes with a warning that they are not
 restored (dropout then differs from an uninterrupted run). Another TP or PP size is an error:
-these files are not resharded. With ``--use-distributed-optimizer`` every DP rank also writes
+these files are not resharded. Another split of the modules over the same pipeline (other
+``--*-chunks-per-stage``, the partitioner's ``auto``) loads the model with ``--no-load-optim``,
+each entry by its layout-independent name from the pipeline ranks' files
+(:mod:`megatron.mllm.checkpoint_model`); the optimizer state is per rank and does not follow. With ``--use-distributed-optimizer`` every DP rank also writes
 its shard of the optimizer state (:mod:`megatron.mllm.optimizer_state`); those shards are
 not resharded either, so such a checkpoint resumes with the same DP size and optimizer.
 
@@ -46,7 +49,7 @@ import numpy as np
 import torch
 
 from megatron.mllm import distributed, optimizer_state
-from megatron.mllm.chunks import global_name
+from megatron.mllm import checkpoint_model
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +58,6 @@ MANIFEST = "manifest.json"
 _ITERATION_DIR = re.compile(r"iter_(\d+)$")
 _MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer")
 """What a manifest records of the saving run's layout (older ones lack the optimizer's)."""
-
-# The flags that size each module's parameters, for a checkpoint of another model size.
-_SIZE_FLAGS = {
-    "vision": "--vision-hidden-size, --vision-ffn-hidden-size, --vision-patch-size, --hidden-size",
-    "audio": "--audio-hidden-size, --audio-ffn-hidden-size, --audio-feature-dim, --hidden-size",
-    "llm": "--hidden-size, --ffn-hidden-size, --vocab-size, --max-position-embeddings",
-}
 
 
 class CheckpointError(RuntimeError):
@@ -445,102 +441,6 @@ def _read(path: str) -> Any:
         raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
 
 
-def _module_of(name: str) -> str:
-    return next((m for m in ("vision", "audio") if name.startswith(m + ".")), "llm")
-
-
-def _check_model(path: str, model: torch.nn.Module, saved: dict[str, Any]) -> None:
-    """The saved parameters are this model's, shape for shape (before anything is loaded)."""
-    inner = getattr(model, "module", model)
-    names = inner.global_param_names() if hasattr(inner, "global_param_names") else {}
-    own = model.state_dict()
-    for key, tensor in own.items():
-        name = names.get(key, key)
-        theirs = saved.get(key)
-        if key not in saved:
-            raise CheckpointError(
-                f"{path} has no {name}: check --num-layers, --vision-num-layers, "
-                "--audio-num-layers and --projector-type against the saved run's"
-            )
-        if isinstance(tensor, torch.Tensor) and isinstance(theirs, torch.Tensor):
-            if theirs.shape != tensor.shape:
-                raise CheckpointError(
-                    f"{path}: {name} is {list(theirs.shape)} in the checkpoint but "
-                    f"{list(tensor.shape)} in this model: check {_SIZE_FLAGS[_module_of(name)]} "
-                    "against the saved run's"
-                )
-    extra = next((key for key in saved if key not in own), None)
-    if extra is not None:
-        raise CheckpointError(
-            f"{path} holds {extra}, which this model lacks: check --num-layers, "
-            "--vision-num-layers, --audio-num-layers and --projector-type against the saved run's"
-        )
-
-
-_CHUNK_KEY = re.compile(r"^(?:module\.)?chunks\.([a-z]+)_(\d+)\.(.+)$")
-"""A runtime model's state entry: ``chunks.<module>_<chunk>.<local name>``."""
-
-_LAYOUT_CHUNK = re.compile(r"^([a-z]+)(\d+):(\d+)-(\d+)$")
-"""A chunk of a layout as checkpoints record it: ``<module><chunk>:<start>-<stop>``."""
-
-
-def _global_names(keys, chunks: list[str] | None) -> dict[str, str] | None:
-    """Each runtime-model state key -> its layout-independent name, given the layout's chunks;
-    None when the keys or chunks are not a runtime model's (the baseline's stage model)."""
-    starts = {}
-    for entry in chunks or []:
-        match = _LAYOUT_CHUNK.match(entry)
-        if match is None:
-            return None
-        starts[(match[1], int(match[2]))] = int(match[3])
-    names = {}
-    for key in keys:
-        match = _CHUNK_KEY.match(key)
-        start = starts.get((match[1], int(match[2]))) if match else None
-        if start is None:
-            return None
-        names[key] = global_name(match[1], start, match[3])
-    return names
-
-
-def _resplit(checkpoint: Checkpoint, ranks: Ranks, layout: dict[str, Any], model, path: str,
-             state: dict[str, Any], load_optim: bool) -> dict[str, Any]:  # fmt: skip
-    """This rank's model state from a checkpoint saved with the modules split otherwise (the
-    same pipeline size): every entry found by its layout-independent name in the pipeline
-    ranks' files (verified first). The optimizer state is per rank and does not follow."""
-    chunks, saved_chunks = layout.get("chunks"), state["layout"].get("chunks")
-    mismatch = (
-        f"{path} holds the chunks {saved_chunks}, this run places {chunks} here: check "
-        "--num-layers, --vision-num-layers, --audio-num-layers, --pipeline-schedule and the "
-        "--*-chunks-per-stage against the saved run's (with auto, also --cost-calibration, the "
-        "workload and the batch sizes the partitioner reads)"
-    )
-    own = _global_names(model.state_dict().keys(), chunks)
-    if own is None or _global_names(state["model"].keys(), saved_chunks) is None:
-        raise CheckpointError(mismatch)
-    if load_optim:
-        raise CheckpointError(
-            f"{mismatch}; or pass --no-load-optim to load the model alone into this split (the "
-            "optimizer state is kept per rank and does not follow the layers)"
-        )
-    files = [model_file(Ranks(ranks.dp, ranks.tp, p), layout["pp"]) for p in range(layout["pp"])]
-    _verify(checkpoint, files, digests=True)
-    by_name: dict[str, Any] = {}
-    for relative in files:
-        saved = _read(checkpoint.path(relative))
-        names = _global_names(saved["model"].keys(), saved["layout"].get("chunks"))
-        if names is None:
-            raise CheckpointError(mismatch)
-        by_name.update({names[key]: value for key, value in saved["model"].items()})
-    missing = next((name for name in own.values() if name not in by_name), None)
-    if missing is not None:
-        raise CheckpointError(
-            f"{checkpoint.directory} holds no {missing} in any pipeline rank's file: check "
-            "--num-layers, --vision-num-layers, --audio-num-layers against the saved run's"
-        )
-    return {key: by_name[name] for key, name in own.items()}
-
-
 def load_checkpoint(
     root: str,
     model: torch.nn.Module,
@@ -611,9 +511,22 @@ def load_checkpoint(
             )
         saved_chunks, chunks = state["layout"].get("chunks"), layout.get("chunks")
         model_state = state["model"]
-        if saved_chunks != chunks:
-            model_state = _resplit(checkpoint, ranks, layout, model, path, state, load_optim)
-        _check_model(path, model, model_state)
+
+        def read_pipeline() -> list[dict[str, Any]]:
+            """Every pipeline rank's model file (of this TP rank), verified first."""
+            files = [model_file(Ranks(ranks.dp, ranks.tp, p), layout["pp"])
+                     for p in range(layout["pp"])]  # fmt: skip
+            _verify(checkpoint, files, digests=True)
+            return [_read(checkpoint.path(relative)) for relative in files]
+
+        try:
+            if saved_chunks != chunks:  # another split of the modules: entries by name
+                model_state = checkpoint_model.resplit(
+                    model, chunks, state, load_optim, read_pipeline, path, checkpoint.directory
+                )
+            checkpoint_model.check_model(path, model, model_state)
+        except checkpoint_model.ModelStateError as e:
+            raise CheckpointError(str(e)) from None
         model.load_state_dict(model_state)
         if not load_optim:
             # Main parameters kept apart from the model's (bf16, or the distributed
