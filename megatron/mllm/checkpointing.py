@@ -48,8 +48,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from megatron.mllm import distributed, optimizer_state
-from megatron.mllm import checkpoint_model
+from megatron.mllm import checkpoint_model, distributed, optimizer_state
 
 logger = logging.getLogger(__name__)
 

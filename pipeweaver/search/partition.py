@@ -223,7 +223,7 @@ def chunks_rule(latency: Mapping[str, float]) -> dict[str, int]:
     return {m: max(1, math.floor(t / fastest * (1 + 1e-9))) for m, t in latency.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PartitionPlan:
     """The partitioner's choices for a run, and why."""
 
@@ -257,6 +257,9 @@ class PartitionPlan:
     split_by_cost: bool = True
     """Whether the layers were split by cost (else evenly by count)."""
 
+    keep: float = KEEP_THROUGHPUT
+    """The fraction of the best throughput an automatic B_i keeps."""
+
     given_sub: str = "given"
     """What a given B_i stands for (e.g. the units a typical microbatch holds)."""
 
@@ -285,20 +288,21 @@ class PartitionPlan:
                 how = (
                     f"{choice.throughput / choice.best_throughput:.1%} of the best layer "
                     f"throughput (at {choice.best_units} of 1..{choice.tried} units tried, "
-                    f">= {KEEP_THROUGHPUT:.0%} kept)"
+                    f">= {self.keep:.0%} kept)"
                 )
             lines.append(
                 f"  {enc}: sub-microbatch B = {b} units (~{self.sub_microbatch_tokens(enc)} "
                 f"tokens): {how}"
             )
         fastest = min(self.latency, key=lambda m: (self.latency[m], m))
-        t1 = self.latency[fastest]
+        rule = chunks_rule(self.latency)
         parts = []
         for m, k in self.chunks_per_stage.items():
-            t = self.latency[m]
-            why = f"T = {t:.4g} {u}"
+            why = f"T = {self.latency[m]:.4g} {u}"
             if f"chunks:{m}" in self.auto:
-                why += f", floor(T / T_1) = {math.floor(t / t1 * (1 + 1e-9)) if t1 > 0 else 1}"
+                why += f", floor(T / T_1) = {rule[m]}"
+                if rule[m] > k:
+                    why += ", capped to a layer per chunk"
             parts.append(f"{m} K = {k} ({why})")
         lines.append(f"  chunks per stage, T_1 = {fastest}: " + "; ".join(parts))
         how = "by cost" if self.split_by_cost else "evenly"
@@ -410,6 +414,7 @@ def plan_partition(
         chunk_costs=chunk_costs,
         sub_choices=choices,
         auto=frozenset(auto),
+        keep=keep,
         split_by_cost=split_by_cost,
         given_sub=given_sub,
         cost_unit=costs.unit,

@@ -17,8 +17,8 @@ from orchestration.calibration import Calibration, LayerTimeModel
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.packing import (
     balanced_contiguous_split,
-    microbatch_indices,
     encoder_sub_groups,
+    microbatch_indices,
     near_equal_sub_groups,
     sub_microbatch_count,
     sub_microbatch_groups,
@@ -211,6 +211,9 @@ def test_given_values_are_kept_and_k_is_capped_to_a_layer_per_chunk():
     assert capped.latency == pytest.approx({"vision": 96.0, "llm": 12.0})
     assert capped.chunks_per_stage == {"vision": 2, "llm": 1}
     assert capped.splits["vision"] == ((0, 1), (1, 2), (2, 3), (3, 4))
+    assert "vision K = 2 (T = 96 ms, floor(T / T_1) = 8, capped to a layer per chunk)" in "\n".join(
+        capped.explain()
+    )
     k = plan_partition({"vision": 12, "llm": 4}, 2, costs, workload, chunks_per_stage={"llm": 2})
     assert k.chunks_per_stage == {"vision": 2, "llm": 2} and "chunks:llm" not in k.auto
     with pytest.raises(ScheduleError, match="cannot fill 2 x 3 chunks"):
