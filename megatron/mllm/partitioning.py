@@ -30,7 +30,10 @@ if TYPE_CHECKING:  # the model's config imports torch; the plan needs only its s
     from megatron.mllm.config import MLLMConfig
 
 SUMMARY_ITERATIONS = 8
-"""Iterations of the workload (global batches from the first) the partitioner summarises."""
+"""Iterations of the workload (global batches from the first) the partitioner summarises..."""
+
+SUMMARY_SAMPLES = 4096
+"""... but no more samples than this (reading metadata costs ~0.1 ms a sample)."""
 
 
 def partition_plan(
@@ -72,7 +75,9 @@ def partition_plan(
     mbs = run.micro_batch_size
     microbatches = [
         [stream.meta(k) for k in range(i * mbs, (i + 1) * mbs)]
-        for i in range(SUMMARY_ITERATIONS * run.global_batch_size // mbs)
+        for i in range(
+            max(1, min(SUMMARY_ITERATIONS * run.global_batch_size, SUMMARY_SAMPLES) // mbs)
+        )
     ]
     shape = workload_shape(microbatches, list(mllm.encoders))
     source += f", workload {w.workload}: {len(microbatches)} microbatches"

@@ -291,8 +291,8 @@ class PartitionPlan:
                     f">= {self.keep:.0%} kept)"
                 )
             lines.append(
-                f"  {enc}: sub-microbatch B = {b} units (~{self.sub_microbatch_tokens(enc)} "
-                f"tokens): {how}"
+                f"  {enc}: sub-microbatch B = {b} unit{'s' if b != 1 else ''} "
+                f"(~{self.sub_microbatch_tokens(enc)} tokens): {how}"
             )
         fastest = min(self.latency, key=lambda m: (self.latency[m], m))
         rule = chunks_rule(self.latency)
