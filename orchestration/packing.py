@@ -70,3 +70,124 @@ def sub_microbatch_groups(
         tokens += n
     groups.append((start, len(items)))
     return groups
+
+
+def balanced_contiguous_split(weights: Sequence[float], num_groups: int) -> list[tuple[int, int]]:
+    """Cut ``weights`` into ``num_groups`` non-empty contiguous groups, the largest sum smallest.
+
+    Exact: the smallest achievable largest group sum M* first; then, among the splits whose
+    every group sums to at most M*, the one with the smallest sum of squared group sums (the
+    most even); remaining ties give the earlier groups the larger share, so equal weights split
+    exactly as :func:`pipeweaver.placement.split_layers` does. O(num_groups x n^2), for the
+    handful of layers or items a split sees.
+
+    Args:
+        weights: non-negative weight of each element (a layer's cost, an item's units).
+        num_groups: groups to form, 1 <= num_groups <= len(weights).
+
+    Returns:
+        ``(start, stop)`` index ranges, in order, covering every element once.
+
+    Raises:
+        ValueError: no elements, a negative weight, or a group count outside 1..len(weights).
+    """
+    n = len(weights)
+    if not 1 <= num_groups <= n:
+        raise ValueError(f"cannot cut {n} elements into {num_groups} non-empty groups")
+    if any(w < 0 for w in weights):
+        raise ValueError("weights must be non-negative")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+
+    def total(a: int, b: int) -> float:
+        return prefix[b] - prefix[a]
+
+    # The exact M*: the smallest group sum that lets a greedy left-to-right cut use at most
+    # num_groups groups (any group splits further without growing, so fewer is enough).
+    def groups_needed(cap: float) -> int:
+        count, start = 1, 0
+        for i in range(1, n):
+            if total(start, i + 1) > cap:
+                count, start = count + 1, i
+        return count
+
+    candidates = sorted({total(a, b) for a in range(n) for b in range(a + 1, n + 1)})
+    lo = next(i for i, c in enumerate(candidates) if c >= max(weights))
+    hi = len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if groups_needed(candidates[mid]) <= num_groups:
+            hi = mid
+        else:
+            lo = mid + 1
+    cap = candidates[lo]
+    # best[j][i]: smallest sum of squares of items i..n-1 in j groups, each <= cap.
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(num_groups + 1)]
+    best[0][n] = 0.0
+    for j in range(1, num_groups + 1):
+        for i in range(n - j, -1, -1):
+            for b in range(i + 1, n - j + 2):
+                s = total(i, b)
+                if s > cap:
+                    break
+                value = s * s + best[j - 1][b]
+                if value < best[j][i]:
+                    best[j][i] = value
+    groups, i = [], 0
+    for j in range(num_groups, 0, -1):
+        target, choice = best[j][i], None
+        # The longest first group that keeps the optimum (ties to within rounding).
+        for b in range(i + 1, n - j + 2):
+            s = total(i, b)
+            if s > cap:
+                break
+            if s * s + best[j - 1][b] <= target + 1e-9 * max(1.0, abs(target)):
+                choice = b
+        groups.append((i, choice))
+        i = choice
+    return groups
+
+
+def sub_microbatch_count(num_units: int, sub_units: int) -> int:
+    """Sub-microbatches of a microbatch with ``num_units`` units of an encoder, at most
+    ``sub_units`` each (DIP's online rule, M_i = ceil(N_i / B_i))."""
+    if sub_units < 1:
+        raise ValueError(f"a sub-microbatch holds at least 1 unit, got {sub_units}")
+    return -(-num_units // sub_units)
+
+
+def near_equal_sub_groups(
+    items: Sequence[tuple[int, int, int]], sub_units: int
+) -> list[tuple[int, int]]:
+    """Cut an encoder's items into ceil(units / ``sub_units``) near-equal sub-microbatches.
+
+    Items stay whole, so there are at most as many subs as items; among the contiguous cuts
+    into that many subs, the largest sub holds the fewest units (then the most even, see
+    :func:`balanced_contiguous_split`).
+
+    Args:
+        items: ``(units, encoder tokens, LLM rows)`` of each item, in packing order.
+        sub_units: B_i, the trainer's ``--encoder-sub-microbatch-size``.
+
+    Returns:
+        ``(start, stop)`` item ranges, one per sub.
+    """
+    if not items:
+        return []
+    units = [u for u, _, _ in items]
+    count = min(sub_microbatch_count(sum(units), sub_units), len(items))
+    return balanced_contiguous_split(units, count)
+
+
+def encoder_sub_groups(
+    items: Sequence[tuple[int, int, int]],
+    max_tokens: int | None = None,
+    sub_units: int | None = None,
+) -> list[tuple[int, int]]:
+    """An encoder's sub-microbatches: by units (``sub_units``, DIP's count rule) when given,
+    else by a token cap (:func:`sub_microbatch_groups`); the trainer and SEMU both cut here."""
+    if sub_units:
+        return near_equal_sub_groups(items, sub_units)
+    return sub_microbatch_groups(items, max_tokens)

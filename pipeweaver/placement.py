@@ -8,13 +8,15 @@ LLM's output layer and loss). Two policies build placements:
 * :meth:`Placement.baseline`: upstream Megatron's, every encoder whole on rank 0 and the LLM
   split evenly (round robin over the ranks with virtual pipeline stages);
 * :meth:`Placement.interleaved`: DIP's, every module cut into P x K_i chunks, chunk j on rank
-  j mod P.
+  j mod P;
+* :meth:`Placement.from_splits`: the same rule over explicit layer ranges (the partitioner's
+  splits by measured cost, :mod:`pipeweaver.search.partition`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from pipeweaver.ir import MODULES, ScheduleError
 
@@ -196,4 +198,23 @@ class Placement:
                 ChunkPlacement(j % num_ranks, a, b)
                 for j, (a, b) in enumerate(split_layers(n, num_ranks * k))
             )
+        return cls(num_ranks, chunks)
+
+    @classmethod
+    def from_splits(
+        cls, num_ranks: int, splits: Mapping[str, Sequence[tuple[int, int]]]
+    ) -> "Placement":
+        """Explicit layer ranges per module, chunk j on rank j mod P.
+
+        Args:
+            num_ranks: pipeline ranks P.
+            splits: per module present, the ``(start, stop)`` layers of each chunk in order
+                (contiguous from layer 0; checked as every placement is).
+        """
+        chunks = {
+            module: tuple(
+                ChunkPlacement(j % num_ranks, int(a), int(b)) for j, (a, b) in enumerate(ranges)
+            )
+            for module, ranges in splits.items()
+        }
         return cls(num_ranks, chunks)

@@ -22,6 +22,7 @@ import traceback
 from typing import Sequence
 
 from megatron.mllm.run_config import (
+    AUTO,
     ENCODER_NAMES,
     OPTION_GROUPS,
     EncoderArgs,
@@ -41,6 +42,32 @@ class ConfigError(ValueError):
 ONE_REPLICA = 0
 """``world_size`` for a model looked at without a cluster (reports, tests): one model replica,
 TP x PP x CP processes, so the data-parallel size is 1."""
+
+
+def int_or_auto(text: str) -> int | str:
+    """argparse type of a partitioner flag: an integer, or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def _group_factory(cls: type):
+    """megatron-training's ``ArgumentGroupFactory`` for ``cls``, which also reads the type
+    ``int | Literal["auto"]`` (argparse type :func:`int_or_auto`)."""
+    import typing
+
+    from megatron.training.argument_utils import ArgumentGroupFactory
+
+    class Factory(ArgumentGroupFactory):
+        def _extract_type(self, config_type):
+            if typing.get_args(config_type) == (int, typing.Literal[AUTO]):
+                return {"type": int_or_auto, "metavar": "N|auto"}
+            return super()._extract_type(config_type)
+
+    return Factory(cls)
 
 
 class _EncoderGroupFactory:
@@ -67,10 +94,8 @@ class _EncoderGroupFactory:
 def add_mllm_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Extra-args provider for ``megatron.training.arguments.parse_args``: OrchWeave's groups,
     built from the config dataclasses of :mod:`megatron.mllm.run_config`."""
-    from megatron.training.argument_utils import ArgumentGroupFactory
-
     for title, cls in OPTION_GROUPS:
-        ArgumentGroupFactory(cls).build_group(parser, title)
+        _group_factory(cls).build_group(parser, title)
         if cls is WorkloadConfig:
             for encoder in ENCODER_NAMES:
                 _EncoderGroupFactory(encoder).build_group(parser)
@@ -397,8 +422,9 @@ def _check_profiling(args: argparse.Namespace) -> None:
 
 def _check_pipeline(args: argparse.Namespace) -> None:
     for name in PHASES:
-        if getattr(args, f"{name}_chunks_per_stage") < 1:
-            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1")
+        k = getattr(args, f"{name}_chunks_per_stage")
+        if k != AUTO and k < 1:
+            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1 or auto")
     if args.encoder_sub_microbatch_tokens < 0:
         raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
     if args.schedule_search_budget_ms < 0:
@@ -415,7 +441,25 @@ def _check_pipeline(args: argparse.Namespace) -> None:
                 "--pipeline-memory-limit-gb applies to the searched dynamic pipeline "
                 "(--pipeline-schedule dynamic with --schedule-search-budget-ms > 0)"
             )
+    size = args.encoder_sub_microbatch_size
+    if size != AUTO and size < 0:
+        raise ConfigError("--encoder-sub-microbatch-size must be >= 0 or auto")
+    if size and args.encoder_sub_microbatch_tokens:
+        raise ConfigError(
+            "--encoder-sub-microbatch-size and --encoder-sub-microbatch-tokens both cut the "
+            "encoders' sub-microbatches: give one of them"
+        )
     schedule = args.pipeline_schedule
+    chunks = PipelineConfig(
+        **{f"{m}_chunks_per_stage": getattr(args, f"{m}_chunks_per_stage") for m in PHASES},
+        encoder_sub_microbatch_size=size,
+    )
+    auto = chunks.auto_flags
+    if auto and schedule != "dynamic":
+        raise ConfigError(
+            f"{auto[0]} auto needs --pipeline-schedule dynamic (the partitioner cuts every "
+            f"module over all stages), got --pipeline-schedule {schedule}"
+        )
     if schedule == "megatron":
         if args.pipeline_recompute != "none":
             raise ConfigError(
@@ -424,20 +468,20 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             )
         return
     pp = args.pipeline_model_parallel_size
-    chunks = PipelineConfig(
-        **{f"{m}_chunks_per_stage": getattr(args, f"{m}_chunks_per_stage") for m in PHASES}
-    ).chunks_per_stage()
-    for name in PHASES:
+    for name, k in chunks.chunks_per_stage().items():
         # 1f1b and interleaved keep the encoders whole (K counts for the LLM only, and only
         # with interleaved); dynamic cuts every module.
         if schedule != "dynamic" and name != "llm":
             continue
-        k = 1 if schedule == "1f1b" else chunks[name]
+        k = 1 if schedule == "1f1b" or k == AUTO else k
         layers = args.num_layers if name == "llm" else getattr(args, f"{name}_num_layers")
         if layers and layers < pp * k:
+            flag = f"--{name}-chunks-per-stage {k}"
+            if getattr(args, f"{name}_chunks_per_stage") == AUTO:
+                flag = f"--{name}-chunks-per-stage auto (at least 1)"
             raise ConfigError(
                 f"--pipeline-schedule {schedule} cuts the {name} module into "
-                f"--pipeline-model-parallel-size {pp} x --{name}-chunks-per-stage {k} chunks, "
+                f"--pipeline-model-parallel-size {pp} x {flag} chunks, "
                 f"but it has only {layers} layers"
             )
 

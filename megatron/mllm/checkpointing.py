@@ -19,7 +19,10 @@ order is a pure function of the iteration, so model, optimizer and random states
 run exactly. A run with another DP size gets the same global batches, but its ranks' random
 states cannot be mapped onto the saved ones: it resumes with a warning that they are not
 restored (dropout then differs from an uninterrupted run). Another TP or PP size is an error:
-these files are not resharded. With ``--use-distributed-optimizer`` every DP rank also writes
+these files are not resharded. Another split of the modules over the same pipeline (other
+``--*-chunks-per-stage``, the partitioner's ``auto``) loads the model with ``--no-load-optim``,
+each entry by its layout-independent name from the pipeline ranks' files
+(:mod:`megatron.mllm.checkpoint_model`); the optimizer state is per rank and does not follow. With ``--use-distributed-optimizer`` every DP rank also writes
 its shard of the optimizer state (:mod:`megatron.mllm.optimizer_state`); those shards are
 not resharded either, so such a checkpoint resumes with the same DP size and optimizer.
 
@@ -45,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from megatron.mllm import distributed, optimizer_state
+from megatron.mllm import checkpoint_model, distributed, optimizer_state
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +57,6 @@ MANIFEST = "manifest.json"
 _ITERATION_DIR = re.compile(r"iter_(\d+)$")
 _MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer")
 """What a manifest records of the saving run's layout (older ones lack the optimizer's)."""
-
-# The flags that size each module's parameters, for a checkpoint of another model size.
-_SIZE_FLAGS = {
-    "vision": "--vision-hidden-size, --vision-ffn-hidden-size, --vision-patch-size, --hidden-size",
-    "audio": "--audio-hidden-size, --audio-ffn-hidden-size, --audio-feature-dim, --hidden-size",
-    "llm": "--hidden-size, --ffn-hidden-size, --vocab-size, --max-position-embeddings",
-}
 
 
 class CheckpointError(RuntimeError):
@@ -444,38 +440,6 @@ def _read(path: str) -> Any:
         raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
 
 
-def _module_of(name: str) -> str:
-    return next((m for m in ("vision", "audio") if name.startswith(m + ".")), "llm")
-
-
-def _check_model(path: str, model: torch.nn.Module, saved: dict[str, Any]) -> None:
-    """The saved parameters are this model's, shape for shape (before anything is loaded)."""
-    inner = getattr(model, "module", model)
-    names = inner.global_param_names() if hasattr(inner, "global_param_names") else {}
-    own = model.state_dict()
-    for key, tensor in own.items():
-        name = names.get(key, key)
-        theirs = saved.get(key)
-        if key not in saved:
-            raise CheckpointError(
-                f"{path} has no {name}: check --num-layers, --vision-num-layers, "
-                "--audio-num-layers and --projector-type against the saved run's"
-            )
-        if isinstance(tensor, torch.Tensor) and isinstance(theirs, torch.Tensor):
-            if theirs.shape != tensor.shape:
-                raise CheckpointError(
-                    f"{path}: {name} is {list(theirs.shape)} in the checkpoint but "
-                    f"{list(tensor.shape)} in this model: check {_SIZE_FLAGS[_module_of(name)]} "
-                    "against the saved run's"
-                )
-    extra = next((key for key in saved if key not in own), None)
-    if extra is not None:
-        raise CheckpointError(
-            f"{path} holds {extra}, which this model lacks: check --num-layers, "
-            "--vision-num-layers, --audio-num-layers and --projector-type against the saved run's"
-        )
-
-
 def load_checkpoint(
     root: str,
     model: torch.nn.Module,
@@ -545,14 +509,24 @@ def load_checkpoint(
                 f"{path} holds iteration {state.get('iteration')}, not {checkpoint.iteration}"
             )
         saved_chunks, chunks = state["layout"].get("chunks"), layout.get("chunks")
-        if saved_chunks != chunks:
-            raise CheckpointError(
-                f"{path} holds the chunks {saved_chunks}, this run places {chunks} here: check "
-                "--num-layers, --vision-num-layers, --audio-num-layers, --pipeline-schedule and "
-                "the --*-chunks-per-stage against the saved run's"
-            )
-        _check_model(path, model, state["model"])
-        model.load_state_dict(state["model"])
+        model_state = state["model"]
+
+        def read_pipeline() -> list[dict[str, Any]]:
+            """Every pipeline rank's model file (of this TP rank), verified first."""
+            files = [model_file(Ranks(ranks.dp, ranks.tp, p), layout["pp"])
+                     for p in range(layout["pp"])]  # fmt: skip
+            _verify(checkpoint, files, digests=True)
+            return [_read(checkpoint.path(relative)) for relative in files]
+
+        try:
+            if saved_chunks != chunks:  # another split of the modules: entries by name
+                model_state = checkpoint_model.resplit(
+                    model, chunks, state, load_optim, read_pipeline, path, checkpoint.directory
+                )
+            checkpoint_model.check_model(path, model, model_state)
+        except checkpoint_model.ModelStateError as e:
+            raise CheckpointError(str(e)) from None
+        model.load_state_dict(model_state)
         if not load_optim:
             # Main parameters kept apart from the model's (bf16, or the distributed
             # optimizer's shards of them) follow the loaded model.

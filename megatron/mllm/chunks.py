@@ -31,6 +31,16 @@ from megatron.mllm.specs import projector_submodules, transformer_layer_spec
 _LAYER = re.compile(r"^block\.layers\.(\d+)\.")
 
 
+def global_name(module: str, start: int, local: str) -> str:
+    """Layout-independent name of an entry of a chunk's state that starts at layer ``start`` of
+    ``module``: its layers renumbered within the module (``llm.layers.5.mlp.linear_fc1.weight``),
+    the rest under the module's name."""
+    match = _LAYER.match(local)
+    if match:
+        return f"{module}.layers.{int(match.group(1)) + start}.{local[match.end():]}"
+    return f"{module}.{local.removeprefix('block.')}"
+
+
 @dataclass(frozen=True)
 class ChunkId:
     """Which layers of which module a chunk holds."""
@@ -76,11 +86,7 @@ class ModuleChunk(MegatronModule):
 
     def global_name(self, local: str) -> str:
         """Layout-independent name of a parameter, e.g. ``llm.layers.5.mlp.linear_fc1.weight``."""
-        match = _LAYER.match(local)
-        if match:
-            layer = int(match.group(1)) + self.chunk_id.start
-            return f"{self.chunk_id.module}.layers.{layer}.{local[match.end():]}"
-        return f"{self.chunk_id.module}.{local.removeprefix('block.')}"
+        return global_name(self.chunk_id.module, self.chunk_id.start, local)
 
     def initialize(self) -> None:
         """Give every parameter its layout-independent initial value."""

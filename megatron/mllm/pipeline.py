@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -35,27 +35,36 @@ from megatron.mllm.chunks import EncoderChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PlacedModel, module_layers
 from orchestration.model_shape import ModelShape
-from orchestration.packing import sub_microbatch_groups
+from orchestration.packing import encoder_sub_groups
 from orchestration.workload import SampleMeta
 from pipeweaver.generators import interleaved_one_f_one_b, one_f_one_b
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
 from pipeweaver.ir import Memory
 from pipeweaver.placement import Placement
+from pipeweaver.search.partition import PartitionPlan
 
 RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
 """``--pipeline-schedule`` values run by OrchWeave's runtime (``megatron`` is megatron-core's)."""
 
 
 def runtime_placement(
-    schedule: str, pp_size: int, mllm: MLLMConfig, chunks_per_stage: dict[str, int]
+    schedule: str,
+    pp_size: int,
+    mllm: MLLMConfig,
+    chunks_per_stage: Mapping[str, int],
+    partition: PartitionPlan | None = None,
 ) -> Placement:
     """Where every chunk lives for a runtime schedule.
 
     ``1f1b`` and ``interleaved`` keep upstream Megatron's layout (encoders whole on stage 0, the
     LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B);
-    ``dynamic`` cuts every module i into P x K_i chunks, chunk j on stage j mod P.
+    ``dynamic`` cuts every module i into P x K_i chunks, chunk j on stage j mod P: evenly by
+    layer count, or by measured cost as the partitioner split them (``partition``, with
+    ``--*-chunks-per-stage auto``).
     """
     layers = module_layers(mllm)
+    if schedule == "dynamic" and partition is not None:
+        return partition.placement()
     if schedule == "dynamic":
         return Placement.interleaved(pp_size, layers, chunks_per_stage)
     k = chunks_per_stage.get("llm", 1) if schedule == "interleaved" else 1
@@ -111,6 +120,8 @@ class RuntimeModel(PlacedModel):
 
     def __init__(self, mllm: MLLMConfig, placement: Placement, pp_rank: int, pg_collection):
         super().__init__(mllm, placement, pp_rank)
+        self.partition: PartitionPlan | None = None
+        """The partitioner's plan this placement came from, if any (set by its builder)."""
         self.chunks = nn.ModuleDict()
         self._chunk_modules: dict[tuple[str, int], RuntimeChunk] = {}
         for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
@@ -230,14 +241,18 @@ def build_pipeline_microbatch(
     device,
     with_features: bool,
     sub_tokens: int | None,
+    sub_units: Mapping[str, int] | None = None,
 ) -> PipelineMicrobatch:
-    """Pack samples for the runtime (no padding) and cut each encoder's items into subs."""
+    """Pack samples for the runtime (no padding) and cut each encoder's items into subs: of at
+    most ``sub_tokens`` tokens, or (``sub_units``, B_i per encoder) ceil(N_i / B_i) near-equal
+    subs of its N_i units, as SEMU cuts them (:func:`orchestration.packing.encoder_sub_groups`)."""
     encoders = list(mllm.encoders)
     packed = build_microbatch(samples, encoders, device=device, with_features=with_features)
     subs = {}
     for enc, enc_input in packed.encoders.items():
         items = _encoder_items(samples, enc)
-        subs[enc] = split_encoder_input(enc_input, items, sub_microbatch_groups(items, sub_tokens))
+        groups = encoder_sub_groups(items, sub_tokens, (sub_units or {}).get(enc))
+        subs[enc] = split_encoder_input(enc_input, items, groups)
     sizes = {e: c.hidden_size for e, c in mllm.encoders.items()}
     sizes["llm"] = mllm.language.hidden_size
     return PipelineMicrobatch(packed, subs, sizes)

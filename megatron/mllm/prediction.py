@@ -26,11 +26,13 @@ import torch
 
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.config_files import semu_model_spec
+from megatron.mllm.partitioning import sub_microbatch_units
 from orchestration.calibration import Calibration
 from orchestration.workload import SampleMeta
 from pipeweaver.generators import generate
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import pack_microbatch, structure_of
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
 from pipeweaver.semu.results import Event, StepPrediction
@@ -87,7 +89,7 @@ class StepPredictor:
 
     def __init__(self, run, mllm: MLLMConfig, world_size: int,
                  calibration: Calibration | None, dp_ranks: Sequence[int],
-                 pp_ranks: Sequence[int]):  # fmt: skip
+                 pp_ranks: Sequence[int], partition: PartitionPlan | None = None):  # fmt: skip
         """Args:
         run: the :class:`~megatron.mllm.run_config.RunConfig`.
         mllm: its model.
@@ -96,6 +98,8 @@ class StepPredictor:
             SEMU's analytic costs.
         dp_ranks: the global ranks of this rank's DP group (a plan's ranks).
         pp_ranks: the global ranks of this rank's pipeline replica (SEMU's tracks).
+        partition: the partitioner's plan of the run, if any: its B_i cut the encoders' subs
+            as the runtime cuts them.
         """
         self.dp_ranks, self.pp_ranks = list(dp_ranks), list(pp_ranks)
         self.spec = semu_model_spec(run, mllm)
@@ -104,6 +108,7 @@ class StepPredictor:
         self.encoders = list(mllm.encoders)
         self.shape = mllm.shape()
         self.sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+        self.sub_units = sub_microbatch_units(run, partition)
         self.seq_length = run.seq_length
         self.pipeline = run.parallel.pipeline
         self.layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
@@ -121,7 +126,7 @@ class StepPredictor:
         mbs = [
             pack_microbatch(
                 list(samples), self.encoders, pad_to, self.seq_length, self.sub_tokens,
-                lambda s: sum(self.shape.sample_phase_flops(s).values()),
+                lambda s: sum(self.shape.sample_phase_flops(s).values()), self.sub_units,
             )
             for samples in microbatches
         ]  # fmt: skip

@@ -22,6 +22,10 @@ from typing import Any, Literal, Mapping
 from orchestration.workload import PHASES
 from orchestration.workload_spec import DEFAULT_WORKLOAD
 
+AUTO = "auto"
+"""The value of a partitioner flag (``--*-chunks-per-stage``, ``--encoder-sub-microbatch-size``)
+that lets the partitioner choose."""
+
 ENCODER_NAMES: tuple[str, ...] = tuple(p for p in PHASES if p != "llm")
 """The encoders the model can have, in the order a sample flows through them."""
 
@@ -155,20 +159,30 @@ class PipelineConfig:
     dynamic: every module cut into chunks over all stages, a new greedy dual-queue order every
     batch."""
 
-    vision_chunks_per_stage: int = 1
+    vision_chunks_per_stage: int | Literal["auto"] = 1
     """K: the vision encoder is cut into pipeline-size x K chunks, chunk j on stage j mod P
-    (dynamic)."""
+    (dynamic). auto: DIP's rule (K_i = floor(T_i / T_1) over the modules' latencies at their
+    sub-microbatch sizes), every module's layers then split by measured cost (needs
+    --pipeline-schedule dynamic)."""
 
-    audio_chunks_per_stage: int = 1
-    """K: the audio encoder is cut into pipeline-size x K chunks (dynamic)."""
+    audio_chunks_per_stage: int | Literal["auto"] = 1
+    """K: the audio encoder is cut into pipeline-size x K chunks (dynamic); auto as for
+    --vision-chunks-per-stage."""
 
-    llm_chunks_per_stage: int = 1
-    """K: the LLM is cut into pipeline-size x K chunks (dynamic and interleaved)."""
+    llm_chunks_per_stage: int | Literal["auto"] = 1
+    """K: the LLM is cut into pipeline-size x K chunks (dynamic and interleaved); auto as for
+    --vision-chunks-per-stage."""
 
     encoder_sub_microbatch_tokens: int = 0
     """Split each microbatch's images/audio into sub-microbatches of at most this many encoder
     tokens (whole items) that flow through the encoder chunks separately; 0 keeps one sub per
     encoder and microbatch."""
+
+    encoder_sub_microbatch_size: int | Literal["auto"] = 0
+    """Split each microbatch's N units of an encoder into ceil(N / B) near-equal
+    sub-microbatches (whole items), B units each at most; auto: per encoder, the smallest B
+    that keeps 95% of its best measured throughput (DIP's partitioner; needs --pipeline-schedule
+    dynamic). 0: not used (see --encoder-sub-microbatch-tokens)."""
 
     pipeline_recompute: Literal["none", "all"] = "none"
     """Runtime schedules: recompute every chunk's forward in its backward (activation
@@ -189,9 +203,18 @@ class PipelineConfig:
     included); the schedule search keeps every batch's activations within what is left, and
     chooses what to recompute. Default: the GPU's memory; none on a CPU."""
 
-    def chunks_per_stage(self) -> dict[str, int]:
-        """K per module."""
+    def chunks_per_stage(self) -> dict[str, int | str]:
+        """K per module (an int, or ``auto``)."""
         return {m: getattr(self, f"{m}_chunks_per_stage") for m in PHASES}
+
+    @property
+    def auto_flags(self) -> list[str]:
+        """The flags set to ``auto`` (the partitioner chooses their values)."""
+        flags = [f"--{m}-chunks-per-stage" for m in PHASES
+                 if getattr(self, f"{m}_chunks_per_stage") == AUTO]  # fmt: skip
+        if self.encoder_sub_microbatch_size == AUTO:
+            flags.append("--encoder-sub-microbatch-size")
+        return flags
 
     @property
     def uses_runtime(self) -> bool:

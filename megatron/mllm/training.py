@@ -50,6 +50,7 @@ from megatron.mllm.data import (  # noqa: E402
 )
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
+from megatron.mllm.partitioning import partition_plan  # noqa: E402
 from megatron.mllm.prediction import StepInputs, StepPredictor  # noqa: E402
 from megatron.mllm.profiling import MemoryHistory, StepProfiler  # noqa: E402
 from megatron.mllm.reporting import MetricWriters  # noqa: E402
@@ -182,6 +183,8 @@ class Trainer:
             self.mllm.language.timers = self.timers
             run.optimizer.timers = self.timers
         self.clock_offsets = distributed.clock_offsets() if self.timers.level else None
+        # Every rank plans the same partition (flags, calibration, workload): no messages.
+        self.partition = partition_plan(run, self.mllm)
         self.predictor = None
         if (run.logging.step_prediction or self.profiler.writes) and rank == world - 1:
             calibration = None
@@ -189,10 +192,12 @@ class Trainer:
                 calibration = Calibration.load(run.balance.cost_calibration)
             self.predictor = StepPredictor(
                 run, self.mllm, world, calibration, distributed.group_ranks(self.pg_collection.dp),
-                distributed.group_ranks(self.pg_collection.pp),
+                distributed.group_ranks(self.pg_collection.pp), self.partition,
             )  # fmt: skip
         self.profiler.predictor = self.predictor
-        self.model = build_stage_model(run, self.mllm, self.pp_rank, self.pg_collection)
+        self.model = build_stage_model(
+            run, self.mllm, self.pp_rank, self.pg_collection, self.partition
+        )
         self.model = self.model.to(self.device)
         self.ddp_model = DistributedDataParallel(
             config=self.mllm.language,
@@ -415,6 +420,11 @@ class Trainer:
             f"(token scale {w.workload_token_scale}) | parameters on rank 0: {params}",
             flush=True,
         )
+        if self.partition is not None:
+            auto = ", ".join(f"{flag} auto" for flag in run.pipeline.auto_flags)
+            print(f"> OrchWeave partitioner ({auto}):", flush=True)
+            for line in self.partition.explain():
+                print(f">   {line}", flush=True)
         if self.iteration:
             print(
                 f"> resuming after iteration {self.iteration} from {run.checkpoint.load}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from orchestration.packing import microbatch_indices, padding_runs, sub_microbatch_groups
+from orchestration.packing import encoder_sub_groups, microbatch_indices, padding_runs
 from orchestration.workload import SampleMeta
 from pipeweaver.dataflow import MicrobatchStructure
 
@@ -71,6 +71,7 @@ def pack_microbatch(
     max_pad_run: int | None = None,
     sub_tokens: int | None = None,
     flops_of: Callable[[SampleMeta], float] | None = None,
+    sub_units: Mapping[str, int] | None = None,
 ) -> MicrobatchMeta:
     """The shapes of a microbatch of ``samples``, packed as the trainer packs them.
 
@@ -83,6 +84,9 @@ def pack_microbatch(
         sub_tokens: encoder tokens per sub-microbatch, the trainer's
             ``--encoder-sub-microbatch-tokens`` (None or 0: one sub per encoder).
         flops_of: model FLOPs of a sample (for MFU), e.g. ``ModelShape.sample_phase_flops``.
+        sub_units: per encoder, B_i units per sub-microbatch (the trainer's
+            ``--encoder-sub-microbatch-size``): N units are cut into ceil(N / B_i) near-equal
+            subs, instead of by ``sub_tokens``.
     """
     lens = [s.llm_tokens for s in samples]
     real = sum(lens)
@@ -92,8 +96,10 @@ def pack_microbatch(
         items = [item for s in samples for item in s.encoder_items(enc)]
         if not items:
             continue
-        groups = sub_microbatch_groups(
-            [(len(it.units), it.encoder_tokens, it.llm_tokens) for it in items], sub_tokens
+        groups = encoder_sub_groups(
+            [(len(it.units), it.encoder_tokens, it.llm_tokens) for it in items],
+            sub_tokens,
+            (sub_units or {}).get(enc),
         )
         enc_out[enc] = tuple(
             SubBatch(
@@ -126,11 +132,13 @@ def step_microbatches(
     max_pad_run: int | None = None,
     sub_tokens: int | None = None,
     flops_of: Callable[[SampleMeta], float] | None = None,
+    sub_units: Mapping[str, int] | None = None,
 ) -> list[list[MicrobatchMeta]]:
     """Every DP rank's microbatches of one iteration, as the trainer forms them.
 
     Args:
         sample_of: stream index -> sample metadata (e.g. ``WorkloadGenerator.sample``).
+        sub_units: as :func:`pack_microbatch`'s.
 
     Returns:
         ``[dp_rank][microbatch]``.
@@ -141,7 +149,13 @@ def step_microbatches(
         out.append(
             [
                 pack_microbatch(
-                    [sample_of(k) for k in mb], encoders, pad_to, max_pad_run, sub_tokens, flops_of
+                    [sample_of(k) for k in mb],
+                    encoders,
+                    pad_to,
+                    max_pad_run,
+                    sub_tokens,
+                    flops_of,
+                    sub_units,
                 )
                 for mb in idx
             ]

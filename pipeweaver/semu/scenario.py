@@ -19,6 +19,7 @@ from pipeweaver.interleave import flops_durations, greedy_dual_queue
 from pipeweaver.ir import Memory
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import MicrobatchMeta, step_microbatches, structure_of
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
@@ -55,6 +56,8 @@ def build_step(
     iteration: int = 0,
     replicas: int | None = None,
     encoder_sub_microbatch_tokens: int | None = None,
+    encoder_sub_microbatch_units: Mapping[str, int] | None = None,
+    partition: PartitionPlan | None = None,
     run_checker: bool = True,
 ) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
     """The schedules and microbatches of one step, per DP replica.
@@ -76,6 +79,12 @@ def build_step(
         replicas: simulate only this many DP replicas (clamped to 1..DP); default all.
         encoder_sub_microbatch_tokens: encoder tokens per sub-microbatch, as the trainer's flag;
             default the config's, else one sub per encoder and microbatch.
+        encoder_sub_microbatch_units: per encoder, B_i units per sub-microbatch (the trainer's
+            ``--encoder-sub-microbatch-size``): N units cut into ceil(N / B_i) near-equal subs.
+        partition: the partitioner's plan (:func:`pipeweaver.search.partition.plan_partition`,
+            the trainer's ``auto`` flags): the interleaved placement takes its layer splits
+            (``chunks_per_rank`` is then ignored), and without ``encoder_sub_microbatch_units``
+            the encoders' subs take its B_i.
         run_checker: validate every schedule with :func:`pipeweaver.checker.check`.
 
     Returns:
@@ -113,6 +122,9 @@ def build_step(
     sub_tokens = encoder_sub_microbatch_tokens
     if sub_tokens is None:
         sub_tokens = spec.training.encoder_sub_microbatch_tokens
+    sub_units = encoder_sub_microbatch_units
+    if sub_units is None and partition is not None:
+        sub_units = dict(partition.sub_microbatch_units)
     shape = spec.shape
     mbs_all = step_microbatches(
         sample_of,
@@ -125,6 +137,7 @@ def build_step(
         max_pad_run=seq,
         sub_tokens=sub_tokens,
         flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
+        sub_units=sub_units,
     )[:replicas]
     name = schedule
     if name == "megatron":
@@ -136,6 +149,8 @@ def build_step(
     kind = placement_kind(name, placement)
     if kind == "baseline":
         layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
+    elif partition is not None:
+        layout = partition.placement()
     else:
         k = dict(chunks_per_rank or {})
         k.setdefault("llm", spec.parallel.llm_chunks_per_rank)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 from equivalence import FULL_SHAPES, run_configs, variable_workload
+from launch import REPO
 
 BALANCED = ["--post-balance", "auto"]
 # The dynamic pipeline with its schedule search, deterministic: a few rollouts, and a time
 # budget no loaded host reaches, so every run and resume of a batch gets the same schedule.
 SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic", *SEARCH]
+CHUNKS_AUTO = [x for m in ("vision", "audio", "llm") for x in (f"--{m}-chunks-per-stage", "auto")]
+"""Every module's chunks per stage chosen by the partitioner."""
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +57,10 @@ def world2(tmp_path_factory, references, workload_dir):
                                        "--encoder-sub-microbatch-tokens", "40",
                                        "--pipeline-recompute", "all"],  # fmt: skip
         "variable-pp2-dynamic": [*variable, *DYNAMIC, "--encoder-sub-microbatch-tokens", "30"],
+        # The partitioner on measured costs (layers by cost), subs cut by count: 2 units each.
+        "variable-pp2-dynamic-auto": [*variable, *DYNAMIC, *CHUNKS_AUTO,
+                                      "--encoder-sub-microbatch-size", "2", "--cost-calibration",
+                                      str(REPO / "scripts/configs/calibration-cpu.json")],  # fmt: skip
         "variable-dp2-balanced": [*variable, *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip

@@ -113,6 +113,22 @@ BAD_INPUT = [
     (["--post-balance-token-caps", "llm=10"], 2,
      r"--post-balance-token-caps caps what balancing gives a rank: it needs --post-balance"),
     (["--step-prediction"], 2, r"--step-prediction .* needs --timing-log-level 1 or 2"),
+    # The partitioner's flags.
+    (["--pipeline-model-parallel-size", "2", "--vision-chunks-per-stage", "auto"], 2,
+     r"--vision-chunks-per-stage auto needs --pipeline-schedule dynamic .*, got "
+     r"--pipeline-schedule megatron"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b",
+      "--encoder-sub-microbatch-size", "auto"], 2,
+     r"--encoder-sub-microbatch-size auto needs --pipeline-schedule dynamic"),
+    (["--encoder-sub-microbatch-size", "4", "--encoder-sub-microbatch-tokens", "64"], 2,
+     r"--encoder-sub-microbatch-size and --encoder-sub-microbatch-tokens both cut"),
+    (["--llm-chunks-per-stage", "0"], 2, r"--llm-chunks-per-stage must be >= 1 or auto"),
+    (["--encoder-sub-microbatch-size", "-1"], 2,
+     r"--encoder-sub-microbatch-size must be >= 0 or auto"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+      "--vision-num-layers", "1", "--vision-chunks-per-stage", "auto"], 2,
+     r"cuts the vision module into --pipeline-model-parallel-size 2 x "
+     r"--vision-chunks-per-stage auto \(at least 1\) chunks, but it has only 1 layers"),
     # Sharded data parallelism: what OrchWeave's steps cannot run, before Megatron's checks.
     (["--use-distributed-optimizer", "--overlap-grad-reduce"], 2,
      r"--overlap-grad-reduce is not supported by OrchWeave: .* a rank whose batch holds no "
@@ -213,3 +229,44 @@ def test_the_distributed_timeout_takes_fractions_of_a_minute_and_must_be_positiv
             ConfigError, match=r"--distributed-timeout-minutes must be a number > 0"
         ):
             parse_arguments([*BASE, "--distributed-timeout-minutes", bad], 1)
+
+
+DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic"]
+
+
+def test_partitioner_flags_take_an_int_or_auto(capsys):
+    run = RunConfig.from_args(parse_arguments([*BASE, *DYNAMIC, "--vision-chunks-per-stage", "auto",
+                                               "--encoder-sub-microbatch-size", "3"], 2))  # fmt: skip
+    assert run.pipeline.chunks_per_stage() == {"vision": "auto", "audio": 1, "llm": 1}
+    assert run.pipeline.encoder_sub_microbatch_size == 3
+    assert run.pipeline.auto_flags == ["--vision-chunks-per-stage"]
+    with pytest.raises(SystemExit):
+        parse_arguments([*BASE, "--audio-chunks-per-stage", "many"], 2)
+    assert "expected an integer or 'auto', got 'many'" in capsys.readouterr().err
+
+
+def test_auto_flags_give_every_rank_the_partitioners_placement_and_subs():
+    from megatron.mllm.config import mllm_config
+    from megatron.mllm.partitioning import partition_plan, sub_microbatch_units
+    from megatron.mllm.pipeline import runtime_placement
+    from pipeweaver.placement import Placement
+
+    flags = [*BASE, *DYNAMIC, "--num-layers", "6", "--vision-num-layers", "4",
+             "--llm-chunks-per-stage", "auto", "--encoder-sub-microbatch-size", "auto"]  # fmt: skip
+    run = RunConfig.from_args(parse_arguments(flags, 2))
+    mllm = mllm_config(run)
+    plan = partition_plan(run, mllm)
+    assert plan == partition_plan(run, mllm)  # deterministic: every rank plans the same
+    assert "chunks:llm" in plan.auto and "chunks:vision" not in plan.auto
+    assert plan.chunks_per_stage["vision"] == 1 and set(plan.sub_microbatch_units) == {
+        "vision", "audio"
+    }  # fmt: skip
+    placement = runtime_placement("dynamic", 2, mllm, run.pipeline.chunks_per_stage(), plan)
+    assert placement == Placement.from_splits(2, plan.splits)
+    assert plan.split_by_cost and placement.num_layers("llm") == 6
+    assert placement.num_chunks("vision") == 2 and placement.num_layers("vision") == 4
+    assert sub_microbatch_units(run, plan) == dict(plan.sub_microbatch_units)
+    fixed = RunConfig.from_args(parse_arguments([*BASE, *DYNAMIC, "--encoder-sub-microbatch-size",
+                                                 "2"], 2))  # fmt: skip
+    assert partition_plan(fixed, mllm_config(fixed)) is None
+    assert sub_microbatch_units(fixed, None) == {"vision": 2, "audio": 2}

@@ -168,9 +168,13 @@ def test_megatron_order_covers_the_global_batch_once(dp, mbs, m):
     assert microbatch_indices(1, 1, 2, 2, 3) == [[14, 15], [18, 19], [22, 23]]
 
 
-@given(st.lists(samples, min_size=1, max_size=4), st.sampled_from([None, 1, 6, 15, 40]))
+@given(
+    st.lists(samples, min_size=1, max_size=4),
+    st.sampled_from([None, 1, 6, 15, 40]),
+    st.sampled_from([None, {"vision": 1, "audio": 2}, {"vision": 3}]),
+)
 @settings(max_examples=40, deadline=None)
-def test_semu_sees_the_subs_the_runtime_builds(metas, sub_tokens):
+def test_semu_sees_the_subs_the_runtime_builds(metas, sub_tokens, sub_units):
     """SEMU's microbatch metadata has the trainer's sub-microbatches: units and LLM rows."""
     from types import SimpleNamespace
 
@@ -181,8 +185,8 @@ def test_semu_sees_the_subs_the_runtime_builds(metas, sub_tokens):
     encoders = {"vision": SimpleNamespace(hidden_size=8), "audio": SimpleNamespace(hidden_size=8)}
     mllm = SimpleNamespace(encoders=encoders, language=SimpleNamespace(hidden_size=8))
     pairs = [(m, TASK.payload(m, i, with_features=False)) for i, m in enumerate(metas)]
-    trainer = build_pipeline_microbatch(pairs, mllm, "cpu", False, sub_tokens)
-    semu = pack_microbatch(metas, list(encoders), sub_tokens=sub_tokens)
+    trainer = build_pipeline_microbatch(pairs, mllm, "cpu", False, sub_tokens, sub_units)
+    semu = pack_microbatch(metas, list(encoders), sub_tokens=sub_tokens, sub_units=sub_units)
     for enc in encoders:
         assert semu.num_subs(enc) == trainer.num_subs(enc)
         for s, sub in enumerate(semu.encoders.get(enc, ())):

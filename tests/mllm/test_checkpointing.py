@@ -60,6 +60,15 @@ def runs(tmp_path_factory):
                 [f"{name}-full", *base, "--save", ckpt, "--save-interval", "2"],
                 [f"{name}-resumed", *base, "--load", ckpt, "--ckpt-step", "2"],
             ]
+    # The pp2-dynamic checkpoint of iteration 2 (LLM in 2 chunks) loaded into the LLM cut into
+    # 4 chunks, and into its own split, both without dropout for iteration 3.
+    pp2 = [*TINY, *LAYOUTS["pp2-dynamic"], "--train-iters", "3", "--load", str(out / "pp2-dynamic"),
+           "--ckpt-step", "2", "--no-load-optim", "--no-load-rng"]  # fmt: skip
+    configs += [
+        ["pp2-same-split", *pp2],
+        ["pp2-other-split", *pp2, "--llm-chunks-per-stage", "2"],
+        ["pp2-other-split-optim", *pp2[:-2], "--llm-chunks-per-stage", "2"],
+    ]
     # Costs fitted online from the first measured iteration on, saved at 3 and resumed.
     fitted = [*TINY, "--post-balance", "auto", "--train-iters", "6", "--cost-fit-warmup", "1"]
     configs += [
@@ -98,6 +107,17 @@ def test_resume_with_dropout_gives_the_uninterrupted_losses_bit_for_bit(runs, la
         assert sorted(resumed) == [3, 4]
     for iteration, loss in resumed.items():
         assert loss == full[iteration], (layout, iteration, loss, full[iteration])
+
+
+def test_a_model_saved_in_one_split_loads_into_another(runs):
+    # Iteration 3's loss is the forward of the parameters saved after iteration 2: the same
+    # whichever rank holds which LLM layers.
+    same, other = _losses(runs / "pp2-same-split.jsonl"), _losses(runs / "pp2-other-split.jsonl")
+    assert sorted(other) == [3]
+    assert other[3] == pytest.approx(same[3], rel=1e-6)
+    # The optimizer state is per rank: loading it into another split is refused by name.
+    message = (runs / "pp2-other-split-optim.rank0.error").read_text()
+    assert "llm0:0-2" in message and "llm0:0-1" in message and "--no-load-optim" in message
 
 
 def _records(path: Path) -> dict[int, dict]:

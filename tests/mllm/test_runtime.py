@@ -28,8 +28,9 @@ def test_runtime_schedules_learn_what_one_process_learns(run, world2, reference)
     assert_equivalent(world2[run], reference)
 
 
-def test_microbatches_with_0_1_and_many_images_with_and_without_audio(world2, references):
-    assert_equivalent(world2["variable-pp2-dynamic"], references["variable"])
+@pytest.mark.parametrize("run", ["variable-pp2-dynamic", "variable-pp2-dynamic-auto"])
+def test_microbatches_with_0_1_and_many_images_with_and_without_audio(run, world2, references):
+    assert_equivalent(world2[run], references["variable"])
 
 
 def test_200_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tmp_path, reference):

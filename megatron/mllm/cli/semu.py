@@ -21,6 +21,12 @@ ranks, DIP's layout) and ``dynamic`` (the trainer's ``--pipeline-schedule dynami
 dual-queue interleaving over the interleaved placement; use ``--pad none`` as the runtime
 does not pad).
 
+The trainer's partitioner flags apply as in training: ``--set vision-chunks-per-stage=auto``
+(audio, llm) and ``--set encoder-sub-microbatch-size=auto`` (with ``--set
+pipeline-schedule=dynamic``) place the chunks by the partitioner's layer splits, cut the
+encoders' subs by its B_i, and print why (``--calibration``'s costs, else the FLOPs);
+``--set encoder-sub-microbatch-size=N`` cuts N units per sub.
+
 ``--json`` prints one JSON object::
 
     step_time_s: float            # the step
@@ -193,12 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     configs = quiet_config_files()
+    from megatron.mllm.partitioning import partition_plan, sub_microbatch_units
+
     try:
         cluster = ClusterSpec.load(configs.find_config(args.cluster))
         # The cluster's devices are the run's processes: they fix DP and the checks on it.
         extra = configs.set_flags(parse_sets(args.set))
-        spec = configs.load_run_config(args.model, extra, world_size=cluster.num_devices).semu
+        loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
+        spec = loaded.semu
         calibration = Calibration.load(args.calibration) if args.calibration else None
+        plan = partition_plan(loaded.run, loaded.model, args.calibration)
         schedules, mbs, info = build_step(
             spec,
             cluster,
@@ -213,8 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             iteration=args.iteration,
             replicas=args.replicas,
             encoder_sub_microbatch_tokens=args.encoder_sub_microbatch_tokens,
+            encoder_sub_microbatch_units=sub_microbatch_units(loaded.run, plan),
+            partition=plan,
             run_checker=not args.no_check,
         )
+        if plan is not None:
+            info["partition"] = {
+                "chunks_per_stage": dict(plan.chunks_per_stage),
+                "sub_microbatch_units": dict(plan.sub_microbatch_units),
+                "splits": {m: [list(r) for r in rs] for m, rs in plan.splits.items()},
+            }
         balancer = None
         if args.balancer_bytes:
             balancer = load_balancer_bytes(args.balancer_bytes, info["dp"])
@@ -255,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ""
             )
         ]
+        if plan is not None:
+            header += plan.explain()
         print(trace.summary(result, header))
         print(f"simulated in {info['simulation_s'] * 1e3:.1f} ms")
     return 0

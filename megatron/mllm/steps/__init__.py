@@ -27,6 +27,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.mllm.batch import build_microbatch
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PipelineStageModel, PlacedModel
+from megatron.mllm.partitioning import sub_microbatch_units
 from megatron.mllm.pipeline import (
     RuntimeModel,
     build_pipeline_microbatch,
@@ -45,18 +46,29 @@ from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.semu.batches import pack_microbatch
+from pipeweaver.search.partition import PartitionPlan
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
 
 
-def build_stage_model(run, mllm: MLLMConfig, pp_rank: int, pg_collection) -> PlacedModel:
-    """This rank's share of the model: the baseline placement, or the runtime's."""
+def build_stage_model(
+    run, mllm: MLLMConfig, pp_rank: int, pg_collection, partition: PartitionPlan | None = None
+) -> PlacedModel:
+    """This rank's share of the model: the baseline placement, or the runtime's (the
+    partitioner's layout when ``partition``, :func:`megatron.mllm.partitioning.partition_plan`,
+    is given; the engine then cuts the encoders' subs by its B_i)."""
     if not run.uses_runtime:
         return PipelineStageModel(mllm, pp_rank, run.parallel.pipeline, pg_collection)
     placement = runtime_placement(
-        run.pipeline.pipeline_schedule, run.parallel.pipeline, mllm, run.pipeline.chunks_per_stage()
+        run.pipeline.pipeline_schedule,
+        run.parallel.pipeline,
+        mllm,
+        run.pipeline.chunks_per_stage(),
+        partition,
     )
-    return RuntimeModel(mllm, placement, pp_rank, pg_collection)
+    model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
+    model.partition = partition
+    return model
 
 
 def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
@@ -111,10 +123,13 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     name = run.pipeline.pipeline_schedule
     memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE
     sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
+    sub_units = sub_microbatch_units(run, getattr(model, "partition", None))
     schedule_fn = schedule_function(name, mllm.shape(), memory)
     searched = None
     if name == "dynamic" and run.pipeline.schedule_search_budget_ms > 0:
-        searched = _searched_schedules(run, mllm, pg_collection, device, schedule_fn, sub_tokens)
+        searched = _searched_schedules(
+            run, mllm, pg_collection, device, schedule_fn, sub_tokens, sub_units
+        )
         schedule_fn = searched
     runtime = PipelineRuntime(
         model.placement,
@@ -129,7 +144,9 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     )
 
     def pack(samples):
-        return build_pipeline_microbatch(samples, mllm, device, with_features, sub_tokens)
+        return build_pipeline_microbatch(
+            samples, mllm, device, with_features, sub_tokens, sub_units
+        )
 
     schedule = f"{name} (OrchWeave runtime, {chunks})"
     if searched is not None:
@@ -143,7 +160,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
                       schedules=searched)  # fmt: skip
 
 
-def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens):
+def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens, sub_units):
     """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
     calibration = None
@@ -156,8 +173,11 @@ def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens):
     encoders = list(mllm.encoders)
 
     def to_semu(samples):
-        return [pack_microbatch(list(mb), encoders, None, run.seq_length, sub_tokens)
-                for mb in samples]  # fmt: skip
+        return [
+            pack_microbatch(list(mb), encoders, None, run.seq_length, sub_tokens,
+                            sub_units=sub_units)
+            for mb in samples
+        ]  # fmt: skip
 
     return SearchedSchedules(
         search, greedy, pg_collection.pp, device, run.balance.plan_ahead,
