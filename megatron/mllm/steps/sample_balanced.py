@@ -51,6 +51,16 @@ class SampleBalancedStep(BalancedStep):
     def last_schedule(self):
         return self.engine.last_schedule
 
+    def log_note(self) -> str | None:
+        return self.engine.log_note()
+
+    def schedule_record(self) -> dict | None:
+        return self.engine.schedule_record()
+
+    def close(self) -> None:
+        super().close()
+        self.engine.close()
+
     def plan_for(self, metadata, cost_model, exchange=None):
         """An iteration's whole-sample plan across DP groups (no exchange check: a group's
         samples move as a whole, once)."""
