@@ -118,6 +118,8 @@ class OrderEvaluator:
         memory_cap: phase 2's activation bytes per rank above which a rank runs backwards
             only (with ``activation_bytes``; default SEMU's kept bytes).
         activation_bytes: bytes a forward keeps until its backward.
+        memory_limit: phase 2's hard limit on kept activation bytes per rank (with
+            ``activation_bytes``; see :func:`pipeweaver.interleave.greedy_dual_queue`).
         refine: phase 3, ``schedule -> schedule`` (None: none).
         score: ``schedule -> seconds`` replacing SEMU's pipeline makespan.
     """
@@ -134,6 +136,7 @@ class OrderEvaluator:
         memory: Memory = Memory.NONE,
         memory_cap: float | Sequence[float] | None = None,
         activation_bytes: Callable[[Compute], float] | None = None,
+        memory_limit: float | Sequence[float | None] | None = None,
         refine: Callable[[Schedule], Schedule] | None = None,
         score: Callable[[Schedule], float] | None = None,
     ):
@@ -163,11 +166,14 @@ class OrderEvaluator:
             def duration(a: Compute) -> float:
                 return times[a.key]
 
-        if memory_cap is not None and activation_bytes is None and semu is not None:
+        limited = memory_cap is not None or memory_limit is not None
+        if limited and activation_bytes is None and semu is not None:
             activation_bytes = semu.activation_bytes(placement, self.microbatches)
         self._phase2 = dict(duration=duration, p2p_time=p2p_time, memory=memory)
         if memory_cap is not None:
             self._phase2.update(memory_cap=memory_cap, activation_bytes=activation_bytes)
+        if memory_limit is not None:
+            self._phase2.update(memory_limit=memory_limit, activation_bytes=activation_bytes)
         self._cache: dict[Indices, float] = {}
 
     def interleave(self, priority: Callable[[Compute], tuple]) -> Schedule:
@@ -390,7 +396,8 @@ def search_schedule(
         evaluator: a prepared :class:`OrderEvaluator` (reuses its cache across calls);
             ``phase2`` must then be empty.
         **phase2: keyword arguments of :class:`OrderEvaluator` (``duration``, ``p2p_time``,
-            ``memory``, ``memory_cap``, ``activation_bytes``, ``refine``, ``score``).
+            ``memory``, ``memory_cap``, ``activation_bytes``, ``memory_limit``, ``refine``,
+            ``score``).
 
     Raises:
         ValueError: ``workers`` is not 1 or exceeds half the host's cores; bad budgets.
