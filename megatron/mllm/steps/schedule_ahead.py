@@ -245,17 +245,18 @@ class SearchedSchedules:
             )
         # The SEMU instance behind ``search`` keeps caches: one search at a time.
         self._lock = threading.Lock()
-        self._next: list | None = None
-        self._pending: tuple[list[MicrobatchMeta], concurrent.futures.Future] | None = None
+        self._next: list | Callable[[], list] | None = None
+        self._pending: concurrent.futures.Future | None = None
         self.last: ScheduleRecord | None = None
         """What the latest step's schedule was."""
         self.limit_note = ""
         """Names the memory limit's flag in a planner's error (`` (--pipeline-memory-limit-gb
         X)``), when the run sets it."""
 
-    def prepare(self, next_samples: list | None) -> None:
-        """The next iteration's samples of this rank (None at the run's end); the search for
-        them starts once this step's schedule is out."""
+    def prepare(self, next_samples: list | Callable[[], list] | None) -> None:
+        """The next iteration's samples of this rank, per microbatch (None at the run's end),
+        or a function that waits for them; the search for them starts once this step's
+        schedule is out."""
         self._next = next_samples
 
     def __call__(self, placement: Placement, structure: MicrobatchStructure,
@@ -285,15 +286,17 @@ class SearchedSchedules:
 
     def _plan(self, placement, structure, mbs: list[MicrobatchMeta]) -> np.ndarray:
         """The first stage's schedule of this step, encoded."""
-        pending, self._pending = self._pending, None
-        if pending is not None and [_shape(m) for m in pending[0]] == [_shape(m) for m in mbs]:
-            future = pending[1]
-            if future.done():
-                outcome = future.result()  # a search error is raised here, as in the step
+        future, self._pending = self._pending, None
+        if future is not None:
+            if not future.done():
+                waited = time.perf_counter() - future.started
+                schedule = self.greedy(placement, structure, mbs)
+                return encode(schedule, SOURCES.index("missed"),
+                              SearchOutcome(schedule, 0, 0.0, 0.0, waited))  # fmt: skip
+            ahead, outcome = future.result()  # a search error is raised here, as in the step
+            # The batch searched ahead is the one that came (unless the data differed).
+            if [_shape(m) for m in ahead] == [_shape(m) for m in mbs]:
                 return encode(outcome.schedule, SOURCES.index("searched"), outcome)
-            started = time.perf_counter() - getattr(future, "started", time.perf_counter())
-            missed = SearchOutcome(self.greedy(placement, structure, mbs), 0, 0.0, 0.0, started)
-            return encode(missed.schedule, SOURCES.index("missed"), missed)
         with self._lock:
             outcome = self.search(placement, structure, mbs)
         return encode(outcome.schedule, SOURCES.index("in-step"), outcome)
@@ -302,19 +305,21 @@ class SearchedSchedules:
         samples, self._next = self._next, None
         if not self.ahead or samples is None:
             return
-        mbs = list(self.to_semu(samples))
         encoders = placement.encoders
-        structure = MicrobatchStructure(
-            len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
-        )
 
-        def job() -> SearchOutcome:
+        def job() -> tuple[list[MicrobatchMeta], SearchOutcome]:
+            # A step that balances first hands over a function: its next plan (made in the
+            # planning thread) decides the samples, so they are known only here.
+            mbs = list(self.to_semu(samples() if callable(samples) else samples))
+            structure = MicrobatchStructure(
+                len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
+            )
             with self._lock:
-                return self.search(placement, structure, mbs)
+                return mbs, self.search(placement, structure, mbs)
 
         future = self._executor.submit(job)
         future.started = time.perf_counter()
-        self._pending = (mbs, future)
+        self._pending = future
 
     def close(self) -> None:
         """Stop the background thread (a search in flight finishes and is dropped)."""
