@@ -39,6 +39,13 @@ import sys
 from cpu_runs import run_main_job
 
 from megatron.mllm.cli.progress import progress
+from megatron.mllm.config_files import find_config, load_run_config, set_flags
+from orchestration.calibration import Calibration
+from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.scenario import build_step
+from pipeweaver.semu.simulator import Semu
+
+GIB = 2**30
 
 COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
 VARIANTS = {
@@ -58,6 +65,23 @@ def _predicted_ms(records: list[dict], warmup: int) -> float | None:
     steps = [r["prediction"]["step_s"] for r in records[warmup:] if r.get("prediction")]
     steps = [s for s in steps if s]
     return 1000 * statistics.median(steps) if steps else None
+
+
+def memory_limit_gb(fraction: float, workload: str, iters: int, calibration: str | None) -> float:
+    """``--pipeline-memory-limit-gb`` that leaves ``fraction`` of greedy's peak activation
+    memory (SEMU's, over the iterations, the busiest stage) above the static bytes."""
+    cluster = ClusterSpec.load(find_config("cpu-2ranks"))
+    flags = set_flags({"pipeline-model-parallel-size": 2, "workload": workload})
+    spec = load_run_config("cpu-main", flags, world_size=cluster.num_devices).semu
+    semu = Semu(spec, cluster, Calibration.load(calibration) if calibration else None)
+    peak, static = 0.0, 0.0
+    for it in range(iters):
+        schedules, mbs, _ = build_step(spec, cluster, schedule="dynamic", pad=False, iteration=it)
+        step = semu.simulate_step(schedules, mbs, record_events=False)
+        peak = max(peak, max(step.peak_activation_bytes))
+        static = max(static, max(sum(s[k] for k in ("weights", "gradients", "optimizer"))
+                                 for s in step.static_bytes))  # fmt: skip
+    return (static + fraction * peak) / GIB
 
 
 def main() -> None:
@@ -90,11 +114,10 @@ def main() -> None:
         variants = {k: v for k, v in variants.items() if k in args.variants}
     if args.memory_limit:
         variants["recompute"] = [*VARIANTS["greedy"], "--pipeline-recompute", "all"]
-        variants["limited"] = [
-            *VARIANTS["searched"],
-            "--pipeline-memory-limit-fraction",
-            str(args.memory_limit),
-        ]
+        limit = memory_limit_gb(args.memory_limit, args.workload, args.iters, args.calibration)
+        print(f"memory limit: {limit:.5f} GiB per stage ({args.memory_limit:g} of greedy's peak "
+              f"activations above the static bytes, SEMU)")  # fmt: skip
+        variants["limited"] = [*VARIANTS["searched"], "--pipeline-memory-limit-gb", f"{limit:.6f}"]
     if "greedy" not in variants:
         sys.exit("error: --variants must include greedy (the reference of the ratios)")
     times: dict[str, list[float]] = {k: [] for k in variants}
