@@ -46,6 +46,7 @@ from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
 GIB = 2**30
+SOURCES = ("searched", "missed", "in-step", "greedy")
 
 COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
 VARIANTS = {
@@ -121,6 +122,7 @@ def main() -> None:
     if "greedy" not in variants:
         sys.exit("error: --variants must include greedy (the reference of the ratios)")
     times: dict[str, list[float]] = {k: [] for k in variants}
+    searches: dict[str, list[dict]] = {k: [] for k in variants}
     predicted: dict[str, list[float]] = {k: [] for k in variants}
     losses: dict[str, list[float]] = {}
     for r in progress(range(args.rounds), "rounds"):
@@ -131,6 +133,8 @@ def main() -> None:
             if p is not None:
                 predicted[name].append(p)
             losses[name] = [x["lm_loss"] for x in records]
+            searches[name] += [x["schedule_search"] for x in records[args.warmup :]
+                               if x.get("schedule_search")]  # fmt: skip
         row = " ".join(
             f"{k} {times[k][-1]:.1f} ms ({times['greedy'][-1] / times[k][-1]:.3f})"
             for k in variants
@@ -158,6 +162,18 @@ def main() -> None:
     base = losses["greedy"]
     deviation = max(abs(a - b) / abs(a) for seq in losses.values() for a, b in zip(base, seq))
     print(f"largest relative loss difference between the variants: {deviation:.2e}")
+    for name, found in searches.items():
+        if not found:
+            continue
+        sources = {src: sum(f["source"] == src for f in found) for src in SOURCES}
+        hidden = sources["searched"] / len(found)
+        print(
+            f"{name}: search {1000 * statistics.median(f['search_s'] for f in found):.1f} ms per "
+            f"batch (median), {statistics.median(f['rollouts'] for f in found):.0f} rollouts, "
+            f"against a step of {statistics.median(times[name]):.1f} ms; hidden (searched ahead "
+            f"in time) in {hidden:.0%} of the timed iterations "
+            + ", ".join(f"{k} {v}" for k, v in sources.items() if v)
+        )
     print(json.dumps({"times_ms": times, "predicted_ms": predicted}), file=sys.stderr)
     if "searched" in summary:
         print(f"searched_over_greedy_measured: {summary['searched']:.3f}")
