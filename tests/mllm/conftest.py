@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from equivalence import FULL_SHAPES, run_configs, variable_workload
+from equivalence import FULL_SHAPES, TINY, run_configs, variable_workload
 from launch import REPO
 
 BALANCED = ["--post-balance", "auto"]
@@ -14,6 +14,25 @@ SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "600
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic", *SEARCH]
 CHUNKS_AUTO = [x for m in ("vision", "audio", "llm") for x in (f"--{m}-chunks-per-stage", "auto")]
 """Every module's chunks per stage chosen by the partitioner."""
+
+
+def forcing_memory_limit_gb() -> float:
+    """A ``--pipeline-memory-limit-gb`` for the PP=2 dynamic run of the equivalence tests that
+    leaves half of greedy's peak activations (SEMU's, iteration 0) above the static bytes, so
+    the search must recompute pairs to fit (``test_schedule_ahead`` checks that it does)."""
+    from megatron.mllm.config_files import run_from_flags
+    from megatron.mllm.prediction import run_cluster
+    from pipeweaver.semu.scenario import build_step
+    from pipeweaver.semu.simulator import Semu
+
+    spec = run_from_flags([*TINY, *DYNAMIC], 2).semu
+    cluster = run_cluster(2, 2)
+    schedules, mbs, _ = build_step(spec, cluster, schedule="dynamic", pad=False, iteration=0)
+    step = Semu(spec, cluster).simulate_step(schedules, mbs, record_events=False)
+    static = max(
+        sum(s[k] for k in ("weights", "gradients", "optimizer")) for s in step.static_bytes
+    )
+    return (static + 0.5 * max(step.peak_activation_bytes)) / 2**30
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +76,8 @@ def world2(tmp_path_factory, references, workload_dir):
                                        "--encoder-sub-microbatch-tokens", "40",
                                        "--pipeline-recompute", "all"],  # fmt: skip
         "variable-pp2-dynamic": [*variable, *DYNAMIC, "--encoder-sub-microbatch-tokens", "30"],
+        "pp2-dynamic-memory-limit": [*DYNAMIC, "--pipeline-memory-limit-gb",
+                                     f"{forcing_memory_limit_gb():.9f}"],  # fmt: skip
         # The partitioner on measured costs (layers by cost), subs cut by count: 2 units each.
         "variable-pp2-dynamic-auto": [*variable, *DYNAMIC, *CHUNKS_AUTO,
                                       "--encoder-sub-microbatch-size", "2", "--cost-calibration",

@@ -22,8 +22,10 @@ DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynami
 
 
 @pytest.mark.parametrize(
-    "run", ["pp2-1f1b", "pp2-interleaved", "pp2-dynamic", "pp2-dynamic-subs-recompute"]
-)
+    "run",
+    ["pp2-1f1b", "pp2-interleaved", "pp2-dynamic", "pp2-dynamic-subs-recompute",
+     "pp2-dynamic-memory-limit"],
+)  # fmt: skip
 def test_runtime_schedules_learn_what_one_process_learns(run, world2, reference):
     assert_equivalent(world2[run], reference)
 

@@ -137,3 +137,30 @@ def test_a_batch_the_planner_cannot_schedule_stops_every_stage_with_its_reason(g
     planner.limit_note = " (--pipeline-memory-limit-gb 1)"
     with pytest.raises(PlanError, match=r"limit-gb 1\): rank 1: needs 99 bytes"):
         planner(*_step(1))
+
+
+def test_the_equivalence_runs_memory_limit_makes_the_search_recompute():
+    """The limit of the ``pp2-dynamic-memory-limit`` equivalence run (conftest) is one the
+    searched schedule meets only by recomputing some pairs, so that run checks recomputation
+    chosen by the memory ILP against one process."""
+    from conftest import DYNAMIC, forcing_memory_limit_gb
+    from equivalence import TINY
+
+    from megatron.mllm.config_files import run_from_flags
+    from megatron.mllm.steps.schedule_ahead import TrainerSearch
+    from pipeweaver.semu.scenario import build_step
+
+    limit = forcing_memory_limit_gb()
+    loaded = run_from_flags([*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}"], 2)
+    search = TrainerSearch(loaded.run, loaded.model, 2, None)
+    schedules, mbs, _ = build_step(
+        loaded.semu, search.semu.cluster, schedule="dynamic", pad=False, iteration=0
+    )
+    placement, structure = schedules[0].placement, schedules[0].structure
+    outcome = search(placement, structure, mbs[0])
+    forwards = [a for r in outcome.schedule.actions for a in r
+                if isinstance(a, Compute) and a.kind.value == "F"]  # fmt: skip
+    assert any(a.memory is Memory.RECOMPUTE for a in forwards)
+    assert not all(a.memory is Memory.RECOMPUTE for a in forwards)
+    kept = search.semu.activation_bytes(placement, mbs[0])
+    check(outcome.schedule, memory_cap=search.limits(placement), activation_bytes=kept)
