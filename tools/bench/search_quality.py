@@ -222,7 +222,8 @@ def main() -> None:
             else (f"{len(exact)}/{len(rows)}" if exact else "-")
         )
         line += (
-            f"{med('random') * 1e3:>9.2f} {_median([r['greedy'] / r['random'] for r in rows]):>5.3f} "
+            f"{med('random') * 1e3:>9.2f} "
+            f"{_median([r['greedy'] / r['random'] for r in rows]):>5.3f} "
             f"{med('worst') * 1e3:>9.2f} {exact_s:>9} "
             f"{_median([r['mcts_s'][budgets[-1]] for r in rows]):>8.2f} "
             f"{med('ms_per_rollout'):>7.1f}"
@@ -233,7 +234,8 @@ def main() -> None:
                 1 for r in rows if r["exact"] is not None and r["mcts"][budgets[-1]] <= r["exact"]
             )
             print(
-                f"  {res['case']}: mcts@{budgets[-1]} equals the exact optimum on {hit}/{len(exact)} batches enumerated"
+                f"  {res['case']}: mcts@{budgets[-1]} equals the exact optimum on "
+                f"{hit}/{len(exact)} batches enumerated"
             )
         speedups += [r["greedy"] / r["mcts"][budgets[-1]] for r in rows]
     if args.json:
