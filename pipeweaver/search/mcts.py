@@ -26,8 +26,9 @@ the preference for the best subtrees. The defaults (alpha 1, beta 0.4, one rollo
 expansion) come from a small sweep on the test instances: greedier settings (alpha up to 8,
 beta down to 0.05, or 4 rollouts per expansion) got stuck in a near-optimal subtree more often.
 
-A subtree whose every complete order has been evaluated is *exhausted* and never selected again; when the root is, the search has enumerated everything
-and stops: on small instances it is then exact.
+A subtree whose every complete order has been evaluated is *exhausted* and never selected
+again; when the root is, the search has enumerated everything and stops: on small instances
+it is then exact.
 
 Determinism: with a rollout budget the result depends only on the inputs, the seed and the
 budget (the cache changes no result), so every rank of a pipeline that runs the search finds
