@@ -116,7 +116,7 @@ def exhaustive_best(evaluator: OrderEvaluator, max_runs: int = 200_000) -> Exhau
         RuntimeError: the enumeration needs more than ``max_runs`` runs (instance too big).
     """
     space = evaluator.space
-    n, nf = len(space), space.num_forward
+    n = len(space)
     index = space.index
     best: tuple[float, Indices] | None = None
     classes = runs = 0
