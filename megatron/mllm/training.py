@@ -354,6 +354,9 @@ class Trainer:
             m["plan_digest"] = balanced.plan_digest
             m["unit"] = balanced.unit
             m["decisions"] = balanced.decisions
+        searched = self.step.schedule_record()
+        if searched is not None:
+            m["schedule_search"] = searched
         return m
 
     def train(self) -> list[IterationResult]:

@@ -1,109 +1,143 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""The dynamic interleaved pipeline on a real CPU run: PP=2, against upstream Megatron.
+"""The dynamic interleaved pipeline on a real CPU run: PP=2, every schedule interleaved.
 
-Runs the main job at PP=2 (2 gloo ranks) on the same data with:
+Runs the main job at PP=2 (2 gloo ranks) on the same data, round after round, each round
+running every variant once in turn (``megatron 1f1b greedy searched megatron 1f1b ...``), so
+that the host's drift hits all variants alike:
 
 - ``megatron``: megatron-core's 1F1B, encoders on stage 0, microbatches padded to a fixed shape;
-- ``1f1b``: the same order and placement in OrchWeave's runtime, without padding (isolates what
-  dropping the fixed shapes buys);
-- ``dynamic``: every module cut over both stages, greedy dual-queue order per batch.
+- ``1f1b``: the same order and placement in OrchWeave's runtime, without padding;
+- ``greedy``: every module cut over both stages, greedy dual-queue order per batch
+  (``--pipeline-schedule dynamic --schedule-search-budget-ms 0``);
+- ``searched``: the same with the schedule search (MCTS over segment priorities, one batch
+  ahead), at the run's default budget.
 
-Prints each run's median iteration time and throughput and the ratios to ``megatron``, and
-beside them SEMU's predicted ratios for the same iterations (``--calibration``: measured layer
-times of this machine, from tools/calibrate.py). The runs' losses must agree.
+With ``--memory-limit`` two more variants run under a memory limit of that fraction of
+greedy's peak activation memory (SEMU's, in the run's calibration): ``recompute`` (greedy with
+every chunk recomputed, ``--pipeline-recompute all``) and ``limited`` (the search with the
+limit, the memory ILP choosing what to recompute).
 
-Usage: python tools/bench/pipeline_cpu.py --calibration FILE [--iters N] [--warmup K]
+Per round it prints each variant's median iteration time and its ratio to ``greedy``; then the
+median ratio and spread per variant over the rounds, and SEMU's predicted ratio for the same
+iterations beside it. The runs' losses must agree.
 
-Ends with one line ``dynamic_over_megatron_throughput: R``.
+Usage: python tools/bench/pipeline_cpu.py [--workload W] [--rounds R] [--iters N] [--warmup K]
+       [--calibration FILE] [--memory-limit F] [-- extra trainer flags]
+
+Ends with one line ``searched_over_greedy_measured: X`` (the median over the rounds of
+greedy's iteration time over searched's).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import sys
 
-from cpu_runs import run_main_job, summarize
+from cpu_runs import run_main_job
 
 from megatron.mllm.cli.progress import progress
-from megatron.mllm.config_files import find_config, load_run_config, set_flags
-from orchestration.calibration import Calibration
-from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.scenario import build_step
-from pipeweaver.semu.simulator import Semu
 
-RUNS = {
+COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
+VARIANTS = {
     "megatron": ["--pipeline-schedule", "megatron"],
     "1f1b": ["--pipeline-schedule", "1f1b"],
-    "dynamic": ["--pipeline-schedule", "dynamic"],
+    "greedy": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
+    "searched": ["--pipeline-schedule", "dynamic"],
 }
 
 
-def semu_step_times(
-    schedule: str, pad: str, iterations: range, calibration: str, workload: str
-) -> float:
-    """Summed SEMU step time of the iterations, for one schedule of the PP=2 main job (the
-    microbatches the trainer runs, as tools/semu.py builds them)."""
-    cluster = ClusterSpec.load(find_config("cpu-2ranks"))
-    spec = load_run_config(
-        "cpu-main",
-        set_flags({"pipeline-model-parallel-size": 2, "workload": workload}),
-        world_size=cluster.num_devices,
-    ).semu
-    semu = Semu(spec, cluster, Calibration.load(calibration))
-    total = 0.0
-    for it in progress(iterations, f"SEMU {schedule} (pad {pad})", leave=False):
-        schedules, mbs, _ = build_step(
-            spec, cluster, schedule=schedule, pad=pad == "megatron", iteration=it
-        )
-        total += semu.simulate_step(schedules, mbs).step_time_s
-    return total
+def _median_ms(records: list[dict], warmup: int) -> float:
+    return 1000 * statistics.median(r["iteration_time_s"] for r in records[warmup:])
+
+
+def _predicted_ms(records: list[dict], warmup: int) -> float | None:
+    """SEMU's median predicted step of the timed iterations (``--step-prediction``)."""
+    steps = [r["prediction"]["step_s"] for r in records[warmup:] if r.get("prediction")]
+    steps = [s for s in steps if s]
+    return 1000 * statistics.median(steps) if steps else None
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--workload", default="omni-three-modality")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py) for SEMU")
     parser.add_argument(
-        "--calibration", required=True, help="calibration JSON (tools/calibrate.py)"
+        "--memory-limit",
+        type=float,
+        help="also run under this fraction of greedy's peak activation memory (e.g. 0.6)",
     )
-    args = parser.parse_args()
-    common = [
-        "--pipeline-model-parallel-size",
-        "2",
-        "--post-balance",
-        "none",
-        "--workload",
-        args.workload,
-    ]
-    results = {
-        name: summarize(run_main_job(name, [*common, *flags], args.iters), args.warmup)
-        for name, flags in progress(RUNS.items(), "trainer runs")
-    }
-    timed = range(args.warmup, args.iters)
-    predicted = {
-        "megatron": semu_step_times("1f1b", "megatron", timed, args.calibration, args.workload),
-        "1f1b": semu_step_times("1f1b", "none", timed, args.calibration, args.workload),
-        "dynamic": semu_step_times("dynamic", "none", timed, args.calibration, args.workload),
-    }
-    base = results["megatron"]
-    deviation = max(
-        abs(a - b) / abs(a) for r in results.values() for a, b in zip(base["losses"], r["losses"])
-    )
-    print(f"pipeline schedules on {args.workload}, CPU, PP=2 (2 gloo ranks), same data")
-    print(
-        f"{'schedule':10s} {'iter ms':>9s} {'tokens/s':>10s} {'vs megatron':>12s} {'SEMU step ms':>13s} {'SEMU ratio':>11s}"
-    )
-    for name, r in results.items():
-        semu_ms = 1000 * predicted[name] / len(timed)
-        print(
-            f"{name:10s} {r['iteration_ms']:9.1f} {r['tokens_per_s']:10.1f} "
-            f"{r['tokens_per_s'] / base['tokens_per_s']:12.3f} {semu_ms:13.1f} "
-            f"{predicted['megatron'] / predicted[name]:11.3f}"
+    parser.add_argument("--variants", nargs="*", default=None, help="subset to run")
+    args = parser.parse_args(argv)
+    if args.rounds < 3:
+        sys.exit("error: --rounds must be >= 3 (one round says nothing on a drifting host)")
+    common = [*COMMON, "--workload", args.workload, *extra]
+    common += ["--timing-log-level", "1", "--step-prediction"]
+    if args.calibration:
+        common += ["--cost-calibration", args.calibration]
+    variants = dict(VARIANTS)
+    if args.variants:
+        variants = {k: v for k, v in variants.items() if k in args.variants}
+    if args.memory_limit:
+        variants["recompute"] = [*VARIANTS["greedy"], "--pipeline-recompute", "all"]
+        variants["limited"] = [
+            *VARIANTS["searched"],
+            "--pipeline-memory-limit-fraction",
+            str(args.memory_limit),
+        ]
+    if "greedy" not in variants:
+        sys.exit("error: --variants must include greedy (the reference of the ratios)")
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    predicted: dict[str, list[float]] = {k: [] for k in variants}
+    losses: dict[str, list[float]] = {}
+    for r in progress(range(args.rounds), "rounds"):
+        for name, flags in variants.items():
+            records = run_main_job(name, [*common, *flags], args.iters)
+            times[name].append(_median_ms(records, args.warmup))
+            p = _predicted_ms(records, args.warmup)
+            if p is not None:
+                predicted[name].append(p)
+            losses[name] = [x["lm_loss"] for x in records]
+        row = " ".join(
+            f"{k} {times[k][-1]:.1f} ms ({times['greedy'][-1] / times[k][-1]:.3f})"
+            for k in variants
         )
-    print(f"largest relative loss difference between the runs: {deviation:.2e}")
-    ratio = results["dynamic"]["tokens_per_s"] / base["tokens_per_s"]
-    print(f"dynamic_over_megatron_throughput: {ratio:.3f}")
+        print(f"round {r + 1}: {row}", flush=True)
+    print(
+        f"\nPP=2 on {args.workload}, CPU, 2 gloo ranks, {args.rounds} interleaved rounds of "
+        f"{args.iters} iterations ({args.warmup} warm-up); ratio = greedy's time / variant's"
+    )
+    print(f"{'variant':10s} {'median ms':>10s} {'ratio med':>10s} {'min':>7s} {'max':>7s} "
+          f"{'SEMU ratio':>11s}")  # fmt: skip
+    summary = {}
+    for name in variants:
+        ratios = [g / t for g, t in zip(times["greedy"], times[name])]
+        semu = "-"
+        if predicted[name] and predicted["greedy"]:
+            semu = (
+                f"{statistics.median(predicted['greedy']) / statistics.median(predicted[name]):.3f}"
+            )
+        summary[name] = statistics.median(ratios)
+        print(
+            f"{name:10s} {statistics.median(times[name]):10.1f} {summary[name]:10.3f} "
+            f"{min(ratios):7.3f} {max(ratios):7.3f} {semu:>11s}"
+        )
+    base = losses["greedy"]
+    deviation = max(abs(a - b) / abs(a) for seq in losses.values() for a, b in zip(base, seq))
+    print(f"largest relative loss difference between the variants: {deviation:.2e}")
+    print(json.dumps({"times_ms": times, "predicted_ms": predicted}), file=sys.stderr)
+    if "searched" in summary:
+        print(f"searched_over_greedy_measured: {summary['searched']:.3f}")
 
 
 if __name__ == "__main__":

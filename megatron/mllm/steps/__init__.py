@@ -37,7 +37,7 @@ from megatron.mllm.pipeline import (
 from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
-from megatron.mllm.steps.schedule_ahead import SearchedSchedules, build_search
+from megatron.mllm.steps.schedule_ahead import SearchedSchedules, TrainerSearch
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
@@ -127,9 +127,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     schedule_fn = schedule_function(name, mllm.shape(), memory)
     searched = None
     if name == "dynamic" and run.pipeline.schedule_search_budget_ms > 0:
-        searched = _searched_schedules(
-            run, mllm, pg_collection, device, schedule_fn, sub_tokens, sub_units
-        )
+        searched = _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units)
         schedule_fn = searched
     runtime = PipelineRuntime(
         model.placement,
@@ -160,16 +158,13 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
                       schedules=searched)  # fmt: skip
 
 
-def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens, sub_units):
+def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units):
     """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
     calibration = None
     if run.balance.cost_calibration:
         calibration = Calibration.load(run.balance.cost_calibration)
-    search = build_search(
-        run, mllm, torch.distributed.get_world_size(), calibration,
-        run.pipeline.pipeline_memory_limit_gb,
-    )  # fmt: skip
+    search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration)
     encoders = list(mllm.encoders)
 
     def to_semu(samples):
@@ -179,7 +174,12 @@ def _searched_schedules(run, mllm, pg_collection, device, greedy, sub_tokens, su
             for mb in samples
         ]  # fmt: skip
 
-    return SearchedSchedules(
-        search, greedy, pg_collection.pp, device, run.balance.plan_ahead,
+    schedules = SearchedSchedules(
+        search, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
     )  # fmt: skip
+    if run.pipeline.pipeline_memory_limit_gb is not None:
+        schedules.limit_note = (
+            f" (--pipeline-memory-limit-gb {run.pipeline.pipeline_memory_limit_gb:g})"
+        )
+    return schedules

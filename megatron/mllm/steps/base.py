@@ -138,6 +138,11 @@ class TrainingStep:
         """What the step adds to the log line (None: nothing)."""
         return None
 
+    def schedule_record(self) -> dict | None:
+        """Where the latest step's pipeline schedule came from (the searched dynamic
+        pipeline's ``schedule_search`` metrics), else None."""
+        return None
+
 
 def take(data_iterator, num_microbatches: int) -> list[LoadedMicrobatch]:
     """The step's ``num_microbatches`` loaded microbatches."""
@@ -208,6 +213,10 @@ class PackedStep(TrainingStep):
     def log_note(self) -> str | None:
         last = self.schedules.last if self.schedules is not None else None
         return None if last is None else last.note()
+
+    def schedule_record(self) -> dict | None:
+        last = self.schedules.last if self.schedules is not None else None
+        return None if last is None else last.record()
 
     def close(self) -> None:
         if self.schedules is not None:

@@ -80,6 +80,14 @@ class PlanAhead(Generic[T]):
         self._pending = None
         return plan, True
 
+    def waiter(self, iteration: int) -> Callable[[], T] | None:
+        """A function that waits for ``iteration``'s plan submitted ahead and returns it (for
+        another thread; the plan stays to be taken), else None."""
+        if not self.has(iteration):
+            return None
+        future = self._pending[1]
+        return lambda: future.result(timeout=self.timeout_s)[0]
+
     def peek(self, iteration: int) -> T | None:
         """``iteration``'s plan if it was submitted ahead (waiting for it; it stays to be
         taken), else None."""

@@ -51,6 +51,16 @@ class SampleBalancedStep(BalancedStep):
     def last_schedule(self):
         return self.engine.last_schedule
 
+    def log_note(self) -> str | None:
+        return self.engine.log_note()
+
+    def schedule_record(self) -> dict | None:
+        return self.engine.schedule_record()
+
+    def close(self) -> None:
+        super().close()
+        self.engine.close()
+
     def plan_for(self, metadata, cost_model, exchange=None):
         """An iteration's whole-sample plan across DP groups (no exchange check: a group's
         samples move as a whole, once)."""
@@ -62,6 +72,7 @@ class SampleBalancedStep(BalancedStep):
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
         plan = self.planned(loaded[0].batch)
+        self._search_next(loaded[0].batch, num_microbatches)
         route = plan.dispatch
         # Token ids (every stage builds its labels and shapes from them) and, on the stages
         # that run an encoder's input layer, its features: one all-to-all for all.
@@ -110,6 +121,33 @@ class SampleBalancedStep(BalancedStep):
         stats.bytes_moved = int(distributed.sum_over_group(moved, self.pp_group).item())
         self.balance_stats = stats
         return self.engine.run_packed(microbatches, **kwargs)
+
+    def _search_next(self, batch, num_microbatches: int) -> None:
+        """Hand the engine's searched schedules (if any) the next iteration's microbatches: a
+        function of the next plan, made in the planning thread, so the search waits for it."""
+        schedules = self.engine.schedules
+        if schedules is None:
+            return
+        waiter = self.ahead.waiter(batch.iteration + 1)
+        if waiter is None or batch.next_metadata is None:
+            schedules.prepare(None)
+            return
+        metadata = batch.next_metadata
+        schedules.prepare(lambda: self.group_microbatches(waiter(), metadata, num_microbatches))
+
+    def group_microbatches(self, plan, metadata, num_microbatches: int) -> list[list]:
+        """This group's samples (``SampleMeta``) of a plan, per microbatch, exactly as the step
+        forms them after the exchange; pure, no collective."""
+        mine = plan.dispatch.dst_items(self.dispatcher.rank)
+        samples = []
+        for item in mine.tolist():
+            s = int(plan.items.sample[item])
+            samples.append((s, metadata.sample_meta(s), None))
+        mb_plan = self.form_microbatches(
+            plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
+            metadata.sample_ids,
+        )  # fmt: skip
+        return [[samples[i][1] for i in mb] for mb in mb_plan.microbatches]
 
     def _samples(self, plan, metadata, mine, got_tokens, feats):
         """This group's ``(sample, meta, payload)``, in destination order."""

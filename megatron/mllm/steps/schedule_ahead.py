@@ -40,8 +40,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from orchestration.metadata import PlanError
 from pipeweaver.dataflow import MicrobatchStructure, all_computes
-from pipeweaver.ir import Compute, Memory, ScheduleError
+from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
@@ -102,6 +103,12 @@ class ScheduleRecord:
     search_s: float
     """Seconds the search took (in the background, unless ``in-step``)."""
 
+    recomputed: int = 0
+    """Forward/backward pairs of the schedule that recompute (or offload) their activations."""
+
+    pairs: int = 0
+    """Forward/backward pairs of the schedule."""
+
     def note(self) -> str:
         """The log line's part: ``schedule: searched 64 rollouts 85.1 ms, SEMU 153.2 ms
         (greedy 160.1 ms)``."""
@@ -112,10 +119,13 @@ class ScheduleRecord:
                 f"schedule: greedy (search missed its deadline, {self.search_s * 1e3:.1f} ms so "
                 f"far)"
             )
-        return (
+        text = (
             f"schedule: {self.source} {self.rollouts} rollouts {self.search_s * 1e3:.1f} ms, "
             f"SEMU {self.predicted_s * 1e3:.1f} ms (greedy {self.greedy_s * 1e3:.1f} ms)"
         )
+        if self.recomputed:
+            text += f", {self.recomputed}/{self.pairs} pairs recompute or offload"
+        return text
 
     def record(self) -> dict:
         """The ``schedule_search`` entry of ``--metrics-jsonl``."""
@@ -125,6 +135,8 @@ class ScheduleRecord:
             "predicted_s": self.predicted_s,
             "greedy_s": self.greedy_s,
             "search_s": self.search_s,
+            "recomputed_pairs": self.recomputed,
+            "pairs": self.pairs,
         }
 
 
@@ -182,7 +194,11 @@ def decode(words: np.ndarray, placement: Placement, structure: MicrobatchStructu
         order[placement.rank_of(a.module, a.chunk)].append(a)
     source, rollouts, predicted, greedy, search = (int(x) for x in words[:_HEADER])
     schedule = lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
-    record = ScheduleRecord(SOURCES[source], rollouts, predicted / 1e6, greedy / 1e6, search / 1e6)
+    forwards = [a for o in order for a in o if a.kind is Kind.F]
+    record = ScheduleRecord(
+        SOURCES[source], rollouts, predicted / 1e6, greedy / 1e6, search / 1e6,
+        sum(a.memory is not Memory.NONE for a in forwards), len(forwards),
+    )  # fmt: skip
     return schedule, record
 
 
@@ -229,42 +245,58 @@ class SearchedSchedules:
             )
         # The SEMU instance behind ``search`` keeps caches: one search at a time.
         self._lock = threading.Lock()
-        self._next: list | None = None
-        self._pending: tuple[list[MicrobatchMeta], concurrent.futures.Future] | None = None
+        self._next: list | Callable[[], list] | None = None
+        self._pending: concurrent.futures.Future | None = None
         self.last: ScheduleRecord | None = None
         """What the latest step's schedule was."""
+        self.limit_note = ""
+        """Names the memory limit's flag in a planner's error (`` (--pipeline-memory-limit-gb
+        X)``), when the run sets it."""
 
-    def prepare(self, next_samples: list | None) -> None:
-        """The next iteration's samples of this rank (None at the run's end); the search for
-        them starts once this step's schedule is out."""
+    def prepare(self, next_samples: list | Callable[[], list] | None) -> None:
+        """The next iteration's samples of this rank, per microbatch (None at the run's end),
+        or a function that waits for them; the search for them starts once this step's
+        schedule is out."""
         self._next = next_samples
 
     def __call__(self, placement: Placement, structure: MicrobatchStructure,
                  microbatches: Sequence) -> Schedule:  # fmt: skip
         n = words_length(placement, structure)
+        failure = None
         if self.stage == 0:
-            words = self._plan(placement, structure, [semu_microbatch(mb) for mb in microbatches])
+            try:
+                words = self._plan(placement, structure, [semu_microbatch(m) for m in microbatches])
+            except ScheduleError as e:  # e.g. a batch that cannot fit the memory limit
+                failure = str(e)
+                words = np.full(n, -1, dtype=np.int64)
             buf = torch.from_numpy(words).to(self.device)
         else:
             buf = torch.zeros(n, dtype=torch.int64, device=self.device)
         if buf.numel() != n:
             raise ScheduleError(f"the planner sent {buf.numel()} words, this stage expects {n}")
         dist.broadcast(buf, self.root, group=self.pp_group)
+        if int(buf[0]) < 0:
+            # Every stage stops with the planner's reason, not only the planner.
+            message = [failure]
+            dist.broadcast_object_list(message, self.root, group=self.pp_group)
+            raise PlanError(f"the pipeline schedule of this batch{self.limit_note}: {message[0]}")
         schedule, self.last = decode(buf.cpu().numpy(), placement, structure)
         self._submit_next(placement)
         return schedule
 
     def _plan(self, placement, structure, mbs: list[MicrobatchMeta]) -> np.ndarray:
         """The first stage's schedule of this step, encoded."""
-        pending, self._pending = self._pending, None
-        if pending is not None and [_shape(m) for m in pending[0]] == [_shape(m) for m in mbs]:
-            future = pending[1]
-            if future.done():
-                outcome = future.result()  # a search error is raised here, as in the step
+        future, self._pending = self._pending, None
+        if future is not None:
+            if not future.done():
+                waited = time.perf_counter() - future.started
+                schedule = self.greedy(placement, structure, mbs)
+                return encode(schedule, SOURCES.index("missed"),
+                              SearchOutcome(schedule, 0, 0.0, 0.0, waited))  # fmt: skip
+            ahead, outcome = future.result()  # a search error is raised here, as in the step
+            # The batch searched ahead is the one that came (unless the data differed).
+            if [_shape(m) for m in ahead] == [_shape(m) for m in mbs]:
                 return encode(outcome.schedule, SOURCES.index("searched"), outcome)
-            started = time.perf_counter() - getattr(future, "started", time.perf_counter())
-            missed = SearchOutcome(self.greedy(placement, structure, mbs), 0, 0.0, 0.0, started)
-            return encode(missed.schedule, SOURCES.index("missed"), missed)
         with self._lock:
             outcome = self.search(placement, structure, mbs)
         return encode(outcome.schedule, SOURCES.index("in-step"), outcome)
@@ -273,19 +305,21 @@ class SearchedSchedules:
         samples, self._next = self._next, None
         if not self.ahead or samples is None:
             return
-        mbs = list(self.to_semu(samples))
         encoders = placement.encoders
-        structure = MicrobatchStructure(
-            len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
-        )
 
-        def job() -> SearchOutcome:
+        def job() -> tuple[list[MicrobatchMeta], SearchOutcome]:
+            # A step that balances first hands over a function: its next plan (made in the
+            # planning thread) decides the samples, so they are known only here.
+            mbs = list(self.to_semu(samples() if callable(samples) else samples))
+            structure = MicrobatchStructure(
+                len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
+            )
             with self._lock:
-                return self.search(placement, structure, mbs)
+                return mbs, self.search(placement, structure, mbs)
 
         future = self._executor.submit(job)
         future.started = time.perf_counter()
-        self._pending = (mbs, future)
+        self._pending = future
 
     def close(self) -> None:
         """Stop the background thread (a search in flight finishes and is dropped)."""
@@ -295,62 +329,111 @@ class SearchedSchedules:
         self._pending = None
 
 
-def build_search(run, mllm, world_size: int, calibration, memory_limit_gb: float | None = None
-                 ) -> SearchFn:  # fmt: skip
-    """The run's searcher: MCTS over segment priorities with SEMU of this run's model, cluster
-    and calibration (``--cost-calibration``), ``--schedule-search-rollouts`` rollouts seeded by
-    ``--seed``, stopped at ``--schedule-search-budget-ms``; with a memory limit, phase 2 keeps
-    every order within it (as if every chunk were recomputed) and phase 3's ILP chooses which
-    pairs keep their activations.
+class TrainerSearch:
+    """The run's searcher (a :data:`SearchFn`) and its fallback, both bound to SEMU of this
+    run's model, cluster and calibration (``--cost-calibration``).
 
-    Args:
+    The search is MCTS over segment priorities (``pipeweaver.search.mcts``):
+    ``--schedule-search-rollouts`` rollouts seeded by ``--seed``, stopped at
+    ``--schedule-search-budget-ms``, each rollout ordered by phase 2 and scored by SEMU. Under a
+    memory limit (``--pipeline-memory-limit-gb``, or a GPU's memory) phase 2 keeps every order
+    within the limit as if every pair were recomputed, so that phase 3 can always fit it; phase
+    3's ILP (``pipeweaver.search.memory_plan``) then chooses which pairs keep their activations,
+    once, on the best order and on greedy's (one ILP per rollout would leave the search a few
+    rollouts), and the faster of the two runs, so the search never loses to greedy.
+    """
+
+    def __init__(self, run, mllm, world_size: int, calibration):
+        """Args:
         run: the :class:`~megatron.mllm.run_config.RunConfig`.
         mllm: its model.
         world_size: processes of the run (SEMU's cluster).
         calibration: the run's :class:`~orchestration.calibration.Calibration`, or None.
-        memory_limit_gb: ``--pipeline-memory-limit-gb`` (None: the device's memory, none on a
-            CPU).
-    """
-    from megatron.mllm.config_files import semu_model_spec
-    from megatron.mllm.prediction import run_cluster
-    from pipeweaver.search.mcts import search_schedule
-    from pipeweaver.search.memory_limit import memory_limit_bytes
-    from pipeweaver.search.memory_plan import StrategyCosts, plan_memory
-    from pipeweaver.semu.simulator import Semu
+        """
+        from megatron.mllm.config_files import semu_model_spec
+        from megatron.mllm.prediction import run_cluster
+        from pipeweaver.semu.simulator import Semu
 
-    semu = Semu(semu_model_spec(run, mllm), run_cluster(world_size, run.balance.gpus_per_node),
-                calibration)  # fmt: skip
-    p = run.pipeline
-    budget = p.schedule_search_budget_ms
-    memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
-    device_bytes = None
-    if semu.cluster.device.name != "cpu":
-        device_bytes = semu.cluster.device.hbm_bytes
+        cluster = run_cluster(world_size, run.balance.gpus_per_node)
+        spec = semu_model_spec(run, mllm)
+        self.semu = Semu(spec, cluster, calibration)
+        # The fallback runs in the step while a search may still run in the background: its
+        # own SEMU, so that the two never share caches.
+        self.fallback_semu = Semu(spec, cluster, calibration)
+        self.shape = mllm.shape()
+        p = run.pipeline
+        self.rollouts = p.schedule_search_rollouts
+        self.budget_ms = p.schedule_search_budget_ms
+        self.seed = run.seed
+        self.memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
+        self.limit_gb = p.pipeline_memory_limit_gb
+        self.device_bytes = None if cluster.device.name == "cpu" else cluster.device.hbm_bytes
 
-    def search(placement: Placement, structure: MicrobatchStructure,
-               microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
-        limits = memory_limit_bytes(device_bytes, semu.static_bytes(placement), memory_limit_gb)
-        # --pipeline-recompute all: every pair recomputed, as in the greedy order.
-        options = {"memory": memory}
-        if any(limit is not None for limit in limits):
-            costs = StrategyCosts.from_semu(semu, placement, microbatches)
-            frugal = semu.activation_bytes(
-                placement, microbatches
-            )  # kept bytes of the strategy each compute carries
+    def limits(self, placement: Placement) -> list[float | None] | None:
+        """Per stage, the activation bytes allowed (None: no limit)."""
+        from pipeweaver.search.memory_limit import memory_limit_bytes
 
-            def refine(schedule: Schedule) -> Schedule:
-                return plan_memory(schedule, costs, limits).schedule
+        limits = memory_limit_bytes(
+            self.device_bytes, self.semu.static_bytes(placement), self.limit_gb
+        )
+        return limits if any(x is not None for x in limits) else None
 
-            options.update(
-                memory_limit=limits,
-                activation_bytes=lambda a: frugal(a.with_memory(Memory.RECOMPUTE)),
-                refine=refine,
-            )
+    def _limited(self, semu, placement, microbatches, limits) -> dict:
+        """Phase 2's options under ``limits``: every order fits with every pair recomputed."""
+        kept = semu.activation_bytes(placement, microbatches)
+        return {
+            "memory_limit": limits,
+            "activation_bytes": lambda a: kept(a.with_memory(Memory.RECOMPUTE)),
+        }
+
+    def _fit(self, semu, schedule: Schedule, placement, microbatches, limits) -> Schedule:
+        """Phase 3: the memory strategy of every pair of ``schedule``'s order."""
+        from pipeweaver.search.memory_plan import StrategyCosts, plan_memory
+
+        costs = StrategyCosts.from_semu(semu, placement, microbatches)
+        return plan_memory(schedule, costs, limits).schedule
+
+    def _time(self, schedule: Schedule, microbatches) -> float:
+        return self.semu.simulate_pipeline(schedule, microbatches, record_events=False).makespan
+
+    def __call__(self, placement: Placement, structure: MicrobatchStructure,
+                 microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
+        from pipeweaver.search.mcts import OrderEvaluator, search_schedule
+
+        start = time.perf_counter()
+        limits = self.limits(placement)
+        options = {"memory": self.memory}
+        if limits is not None:
+            options.update(self._limited(self.semu, placement, microbatches, limits))
+        evaluator = OrderEvaluator(placement, structure, microbatches, self.semu, **options)
         result = search_schedule(
-            placement, structure, microbatches, semu, rollouts=p.schedule_search_rollouts,
-            seed=run.seed, budget_ms=budget, **options,
+            placement, structure, microbatches, None, rollouts=self.rollouts, seed=self.seed,
+            budget_ms=self.budget_ms, evaluator=evaluator,
         )  # fmt: skip
-        return SearchOutcome(result.schedule, result.rollouts, result.step_time_s,
-                             result.greedy_step_time_s, result.search_s)  # fmt: skip
+        best, best_s = result.schedule, result.step_time_s
+        greedy_s = result.greedy_step_time_s
+        if limits is not None:
+            default = evaluator.schedule(evaluator.space.default())
+            greedy = self._fit(self.semu, default, placement, microbatches, limits)
+            best = self._fit(self.semu, best, placement, microbatches, limits)
+            best_s, greedy_s = self._time(best, microbatches), self._time(greedy, microbatches)
+            if greedy_s <= best_s:
+                best, best_s = greedy, greedy_s
+        return SearchOutcome(best, result.rollouts, best_s, greedy_s,
+                             time.perf_counter() - start)  # fmt: skip
 
-    return search
+    def fallback(self, placement: Placement, structure: MicrobatchStructure,
+                 microbatches: Sequence[MicrobatchMeta]) -> Schedule:  # fmt: skip
+        """The greedy order (FLOP durations, as without the search), within the memory limit
+        when there is one."""
+        from pipeweaver.interleave import flops_durations, greedy_dual_queue
+
+        limits = self.limits(placement)
+        semu = self.fallback_semu
+        options = {} if limits is None else self._limited(semu, placement, microbatches, limits)
+        durations = flops_durations(self.shape, placement, microbatches)
+        schedule = greedy_dual_queue(placement, structure, durations, memory=self.memory,
+                                     **options)  # fmt: skip
+        if limits is None:
+            return schedule
+        return self._fit(semu, schedule, placement, microbatches, limits)

@@ -1,0 +1,139 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The searched dynamic pipeline's planner, on a one-process gloo group (the broadcast of a
+pipeline of one): what travels, the deadline's fallback, and errors shared by every stage."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron.mllm.steps.schedule_ahead import (
+    SearchedSchedules,
+    SearchOutcome,
+    decode,
+    encode,
+    semu_microbatch,
+)
+from orchestration.metadata import PlanError
+from pipeweaver.checker import check
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.fuzz import random_valid_schedule
+from pipeweaver.interleave import greedy_dual_queue
+from pipeweaver.ir import Compute, Memory, ScheduleError
+from pipeweaver.placement import Placement
+
+
+@dataclass
+class _Sub:
+    unit_lens: list[int]
+    num_rows: int
+
+
+@dataclass
+class _Language:
+    seq_lens: list[int]
+
+
+@dataclass
+class _Microbatch:
+    """What the planner reads of a runtime microbatch (``PipelineMicrobatch``)."""
+
+    language: _Language
+    subs: dict = field(default_factory=dict)
+
+    def num_subs(self, encoder: str) -> int:
+        return len(self.subs.get(encoder, ()))
+
+
+def _step(seed: int):
+    rng = random.Random(seed)
+    placement = Placement.interleaved(2, {"vision": 4, "llm": 4}, {})
+    mbs = []
+    for _ in range(4):
+        subs = [_Sub([rng.choice((16, 32))], 8) for _ in range(rng.randint(1, 2))]
+        mbs.append(_Microbatch(_Language([rng.choice((60, 120))]), {"vision": subs}))
+    structure = MicrobatchStructure(4, {"vision": tuple(mb.num_subs("vision") for mb in mbs)})
+    return placement, structure, mbs
+
+
+def _greedy(placement, structure, mbs):
+    mbs = [semu_microbatch(mb) if isinstance(mb, _Microbatch) else mb for mb in mbs]
+
+    def duration(a: Compute) -> float:
+        lens, _ = mbs[a.microbatch].compute_sequences(a.module, a.sub)
+        return float(sum(lens)) * (2.0 if a.kind.value == "B" else 1.0)
+
+    return greedy_dual_queue(placement, structure, duration)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "f"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield dist.new_group([0])
+    dist.destroy_process_group()
+
+
+def test_a_schedule_travels_exactly_with_every_memory_strategy():
+    placement, structure, _ = _step(0)
+    rng = random.Random(3)
+    for _ in range(20):
+        schedule = random_valid_schedule(placement, structure, rng, tuple(Memory))
+        outcome = SearchOutcome(schedule, 7, 0.0123, 0.0150, 0.004)
+        decoded, record = decode(encode(schedule, 1, outcome), placement, structure)
+        assert decoded.actions == schedule.actions
+        check(decoded)
+        assert (record.source, record.rollouts) == ("searched", 7)
+        assert record.predicted_s == pytest.approx(0.0123) and record.greedy_s == 0.015
+
+
+def _planner(group, search, ahead=True):
+    return SearchedSchedules(search, _greedy, group, torch.device("cpu"), ahead, 60.0,
+                             lambda samples: [semu_microbatch(mb) for mb in samples])  # fmt: skip
+
+
+def test_the_next_batch_is_searched_ahead_and_a_late_search_leaves_the_step_to_greedy(group):
+    release = threading.Event()
+    calls = []
+
+    def search(placement, structure, mbs):
+        calls.append(len(mbs))
+        if len(calls) > 1:
+            assert release.wait(30)
+        return SearchOutcome(_greedy(placement, structure, mbs), 3, 1.0, 2.0, 0.5)
+
+    planner = _planner(group, search)
+    batches = [_step(s) for s in range(4)]
+    placement = batches[0][0]
+    # Iteration 1: nothing was searched ahead, so it is searched in the step; the next batch's
+    # search starts in the background once the schedule is out.
+    planner.prepare(batches[1][2])
+    first = planner(*batches[0])
+    assert planner.last.source == "in-step" and first.actions
+    # Iteration 2: its search is still blocked: greedy runs, and the log says so.
+    planner.prepare(batches[2][2])
+    second = planner(*batches[1])
+    assert planner.last.source == "missed"
+    assert second.actions == _greedy(placement, batches[1][1], batches[1][2]).actions
+    release.set()
+    planner._executor.submit(lambda: None).result(30)  # the background thread has caught up
+    # Iteration 3: searched ahead in time.
+    planner.prepare(None)
+    planner(*batches[2])
+    assert planner.last.source == "searched" and planner.last.rollouts == 3
+    planner.close()
+
+
+def test_a_batch_the_planner_cannot_schedule_stops_every_stage_with_its_reason(group):
+    def search(placement, structure, mbs):
+        raise ScheduleError("rank 1: needs 99 bytes, over the rank's memory limit of 7 bytes")
+
+    planner = _planner(group, search, ahead=False)
+    planner.limit_note = " (--pipeline-memory-limit-gb 1)"
+    with pytest.raises(PlanError, match=r"limit-gb 1\): rank 1: needs 99 bytes"):
+        planner(*_step(1))
