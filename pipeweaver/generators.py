@@ -12,10 +12,13 @@
 * :func:`dataflow`: any placement (encoders interleaved over all ranks included), a greedy
   unit-time list schedule, valid by construction; a reference order for tests and the runtime.
 
-The first three use the "encoders on stage 0" placement of upstream Megatron: every encoder
-chunk sits on the rank of LLM chunk 0, and runs as part of that rank's forward of the
-microbatch (all encoder subs, then LLM chunk 0) and of its backward (LLM chunk 0, then the
-encoders in reverse), as megatron-core's schedule runs OrchWeave's stage model.
+The first three run Megatron's pipeline stages (:meth:`Placement.stages`): upstream's
+"encoders on stage 0" placement, where every encoder chunk sits on the rank of LLM chunk 0 and
+runs as part of that rank's forward of the microbatch (all encoder subs, then LLM chunk 0) and
+of its backward (LLM chunk 0, then the encoders in reverse), as megatron-core's schedule runs
+OrchWeave's stage model; or DIP's baseline, the parameter-balanced layout, whose stages cut the
+encoders' and the LLM's layers consecutively (a stage's forward runs its encoder chunk for every
+sub, then its LLM chunk).
 
 Every generator returns a lowered schedule (with its comms, :func:`pipeweaver.lowering.lower`).
 """
@@ -32,16 +35,21 @@ from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 
 
-def _stage0_forward(
-    placement: Placement, structure: MicrobatchStructure, mb: int, llm_chunk: int, memory: Memory
+def _stage_forward(
+    structure: MicrobatchStructure, stage: list[tuple[str, int]], mb: int, memory: Memory
 ) -> list[Compute]:
+    """The forwards one pipeline stage runs for a microbatch: per module of the stage in flow
+    order, an encoder's chunks for each of its subs (none when the microbatch has none), the
+    LLM's chunk once."""
     out = []
-    if llm_chunk == 0:
-        for enc in placement.encoders:
-            for s in range(structure.num_subs(enc, mb)):
-                for c in range(placement.num_chunks(enc)):
-                    out.append(Compute(enc, c, Kind.F, mb, s, memory))
-    out.append(Compute("llm", llm_chunk, Kind.F, mb, 0, memory))
+    by_module: dict[str, list[int]] = {}
+    for module, c in stage:
+        by_module.setdefault(module, []).append(c)
+    for module, chunks in by_module.items():
+        subs = 1 if module == "llm" else structure.num_subs(module, mb)
+        for s in range(subs):
+            for c in chunks:
+                out.append(Compute(module, c, Kind.F, mb, s, memory))
     return out
 
 
@@ -49,47 +57,48 @@ def _backward_of(forward: list[Compute]) -> list[Compute]:
     return [a.partner() for a in reversed(forward)]
 
 
-def _check_encoders_on_stage0(placement: Placement) -> None:
-    home = placement.rank_of("llm", 0)
-    for enc in placement.encoders:
-        for c in range(placement.num_chunks(enc)):
-            if placement.rank_of(enc, c) != home:
-                raise ScheduleError(
-                    f"Megatron's schedules run the encoders on the rank of LLM chunk 0 (rank "
-                    f"{home}), but {enc} chunk {c} is on rank {placement.rank_of(enc, c)}; use "
-                    f"Placement.baseline or the dataflow generator"
-                )
-
-
-def _check_llm_round_robin(placement: Placement) -> int:
+def _megatron_stages(placement: Placement) -> tuple[list[list[tuple[str, int]]], int]:
+    """The placement's pipeline stages (:meth:`Placement.stages`) and the virtual stages per
+    rank K, checked to be Megatron's round robin: stage v on rank v mod P, P x K stages."""
     p = placement.num_ranks
-    n = placement.num_chunks("llm")
-    if n % p != 0:
-        raise ScheduleError(f"the LLM has {n} chunks, not a multiple of the {p} ranks")
-    for j in range(n):
-        if placement.rank_of("llm", j) != j % p:
+    stages = placement.stages()
+    for v, stage in enumerate(stages):
+        module, c = stage[0]
+        if placement.rank_of(module, c) != v % p:
             raise ScheduleError(
-                f"Megatron's schedules put LLM chunk {j} on rank {j % p}, the placement on "
-                f"rank {placement.rank_of('llm', j)}"
+                f"Megatron's schedules put pipeline stage {v} on rank {v % p}, but its first "
+                f"chunk ({module} chunk {c}) is on rank {placement.rank_of(module, c)}; use "
+                f"Placement.baseline, Placement.balanced_params or the dataflow generator"
             )
-    return n // p
+    if len(stages) % p != 0:
+        raise ScheduleError(
+            f"the placement has {len(stages)} pipeline stages, not a multiple of the {p} ranks"
+        )
+    return stages, len(stages) // p
 
 
 def one_f_one_b(
     placement: Placement, structure: MicrobatchStructure, memory: Memory = Memory.NONE
 ) -> Schedule:
-    """Megatron's 1F1B, encoders on stage 0.
+    """Megatron's 1F1B over the placement's P pipeline stages (:meth:`Placement.stages`).
+
+    Stage r runs on rank r: the baseline's stage 0 holds the encoders and LLM chunk 0; a
+    parameter-balanced layout's stages hold consecutive layers, encoders first, so an encoder
+    may span stages (a microbatch's forward flows through its vision chunks, then the LLM's).
 
     Raises:
-        ScheduleError: the placement is not one LLM chunk per rank with encoders on rank 0.
+        ScheduleError: the placement is not one Megatron stage per rank.
     """
-    if _check_llm_round_robin(placement) != 1:
-        raise ScheduleError("1F1B needs one LLM chunk per rank; use interleaved_one_f_one_b")
-    _check_encoders_on_stage0(placement)
+    stages, k = _megatron_stages(placement)
+    if k != 1:
+        raise ScheduleError(
+            f"1F1B needs one pipeline stage per rank, the placement has {k}; use "
+            f"interleaved_one_f_one_b"
+        )
     p, m = placement.num_ranks, structure.num_microbatches
     ranks = []
     for r in range(p):
-        fwd = [_stage0_forward(placement, structure, mb, r, memory) for mb in range(m)]
+        fwd = [_stage_forward(structure, stages[r], mb, memory) for mb in range(m)]
         warmup = min(p - r - 1, m)
         order: list[Compute] = []
         for mb in range(warmup):
@@ -121,10 +130,11 @@ def interleaved_one_f_one_b(
     memory: Memory = Memory.NONE,
     group_size: int | None = None,
 ) -> Schedule:
-    """Megatron's interleaved 1F1B (virtual pipeline), encoders on stage 0.
+    """Megatron's interleaved 1F1B (virtual pipeline) over the placement's P x K stages.
 
     Args:
-        placement: LLM chunk j on rank j mod P (``Placement.baseline(P, layers, K)``).
+        placement: pipeline stage v on rank v mod P (``Placement.baseline(P, layers, K)``,
+            ``Placement.balanced_params(P, params, K)``).
         structure: microbatches and subs; at least ``group_size`` microbatches.
         memory: memory strategy of every compute.
         group_size: microbatches per group (``microbatch_group_size_per_vp_stage``); default P.
@@ -132,8 +142,7 @@ def interleaved_one_f_one_b(
     Raises:
         ScheduleError: the placement or the microbatch count does not fit.
     """
-    k = _check_llm_round_robin(placement)
-    _check_encoders_on_stage0(placement)
+    stages, k = _megatron_stages(placement)
     p, m = placement.num_ranks, structure.num_microbatches
     group = p if group_size is None else group_size
     if group < p or group > m:
@@ -156,13 +165,11 @@ def interleaved_one_f_one_b(
 
         def fwd(v: int) -> list[Compute]:
             mb, c = table[v]
-            return _stage0_forward(placement, structure, mb, c * p + r, memory)
+            return _stage_forward(structure, stages[c * p + r], mb, memory)
 
         def bwd(v: int) -> list[Compute]:
             mb, c = table[v]
-            return _backward_of(
-                _stage0_forward(placement, structure, mb, (k - 1 - c) * p + r, memory)
-            )
+            return _backward_of(_stage_forward(structure, stages[(k - 1 - c) * p + r], mb, memory))
 
         order: list[Compute] = []
         for v in range(warmup):
@@ -189,11 +196,9 @@ def no_pipelining(
             f"no_pipelining runs on one rank, the placement has {placement.num_ranks}"
         )
     order: list[Compute] = []
+    stages = placement.stages()
     for mb in range(structure.num_microbatches):
-        fwd = _stage0_forward(placement, structure, mb, 0, memory)
-        fwd += [
-            Compute("llm", c, Kind.F, mb, 0, memory) for c in range(1, placement.num_chunks("llm"))
-        ]
+        fwd = [a for stage in stages for a in _stage_forward(structure, stage, mb, memory)]
         order += fwd + _backward_of(fwd)
     return lower(Schedule(placement, structure, (tuple(order),), "none"))
 

@@ -9,6 +9,9 @@ LLM's output layer and loss). Two policies build placements:
   split evenly (round robin over the ranks with virtual pipeline stages);
 * :meth:`Placement.interleaved`: DIP's, every module cut into P x K_i chunks, chunk j on rank
   j mod P;
+* :meth:`Placement.balanced_params`: Megatron's as DIP ran it (its baseline), the layers of
+  every module, encoders first, cut into P x K consecutive pipeline stages with balanced
+  parameters, stage v on rank v mod P (a stage may end one module and start the next);
 * :meth:`Placement.from_splits`: the same rule over explicit layer ranges (the partitioner's
   splits by measured cost, :mod:`pipeweaver.search.partition`).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from orchestration.packing import balanced_contiguous_split
 from pipeweaver.ir import MODULES, ScheduleError
 
 
@@ -141,6 +145,26 @@ class Placement:
             if cp.rank == rank
         ]
 
+    def stages(self) -> list[list[tuple[str, int]]]:
+        """The pipeline stages Megatron's schedules run: every chunk, encoders first, in the
+        order a sample flows through them, consecutive chunks on one rank forming one stage.
+
+        Stage v of a Megatron layout is on rank v mod P: the baseline's stage 0 holds the
+        encoders and LLM chunk 0, the others one LLM chunk each; a parameter-balanced layout's
+        stage may hold the end of one module and the start of the next. Encoders are
+        independent branches, so running one after the other along the stages respects the
+        data flow (each chunk's inputs are in earlier stages, or earlier in its own).
+        """
+        out: list[list[tuple[str, int]]] = []
+        last_rank = None
+        for module, cps in self.chunks.items():
+            for c, cp in enumerate(cps):
+                if cp.rank != last_rank:
+                    out.append([])
+                    last_rank = cp.rank
+                out[-1].append((module, c))
+        return out
+
     def key(self) -> tuple:
         """A hashable fingerprint (for caches)."""
         return (self.num_ranks, tuple((m, cps) for m, cps in self.chunks.items()))
@@ -218,3 +242,59 @@ class Placement:
             for module, ranges in splits.items()
         }
         return cls(num_ranks, chunks)
+
+    @classmethod
+    def balanced_params(
+        cls, num_ranks: int, layer_params: Mapping[str, Sequence[float]], chunks_per_rank: int = 1
+    ) -> "Placement":
+        """Megatron as DIP ran it: all layers, encoders first, cut into P x K consecutive
+        stages whose largest parameter count is the smallest possible; stage v on rank v mod P.
+
+        The layers are concatenated in :data:`~pipeweaver.ir.MODULES` order (encoders, then the
+        LLM) and split by :func:`orchestration.packing.balanced_contiguous_split`; each module's
+        chunks are its pieces of the stages it meets, so a stage that ends the vision encoder
+        and starts the LLM holds one chunk of each, on one rank.
+
+        Args:
+            num_ranks: pipeline ranks P.
+            layer_params: per module present, the parameters of each of its layers (the input
+                layer counted in layer 0, the head in the last; e.g. SEMU's
+                ``ModelCosts.chunk_params(module, i, i + 1)``).
+            chunks_per_rank: virtual pipeline stages per rank K (Megatron's
+                ``--num-virtual-stages-per-pipeline-rank``).
+
+        Raises:
+            ScheduleError: no LLM, fewer layers than stages, or a negative parameter count.
+        """
+        if chunks_per_rank < 1:
+            raise ScheduleError(f"chunks_per_rank must be >= 1, got {chunks_per_rank}")
+        if not layer_params.get("llm"):
+            raise ScheduleError("a placement needs the llm module")
+        unknown = set(layer_params) - set(MODULES)
+        if unknown:
+            raise ScheduleError(f"unknown modules {sorted(unknown)}")
+        owner: list[tuple[str, int]] = []  # (module, layer) of each concatenated layer
+        weights: list[float] = []
+        for module in MODULES:
+            for i, w in enumerate(layer_params.get(module, ())):
+                if not w >= 0:
+                    raise ScheduleError(f"{module} layer {i} has {w} parameters; need >= 0")
+                owner.append((module, i))
+                weights.append(float(w))
+        stages = num_ranks * chunks_per_rank
+        if len(weights) < stages:
+            raise ScheduleError(
+                f"cannot cut {len(weights)} layers into {stages} non-empty pipeline stages"
+            )
+        chunks: dict[str, list[ChunkPlacement]] = {}
+        for v, (a, b) in enumerate(balanced_contiguous_split(weights, stages)):
+            rank = v % num_ranks
+            i = a
+            while i < b:  # one chunk per module the stage meets
+                module, first = owner[i]
+                j = i
+                while j < b and owner[j][0] == module:
+                    j += 1
+                chunks.setdefault(module, []).append(ChunkPlacement(rank, first, first + j - i))
+                i = j
+        return cls(num_ranks, {m: tuple(c) for m, c in chunks.items()})

@@ -23,6 +23,7 @@ from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import MicrobatchMeta, step_microbatches, structure_of
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.work import ModelCosts
 
 SCHEDULES: tuple[str, ...] = ("megatron", "1f1b", "interleaved", "none", "dataflow", "dynamic")
 """Schedule names :func:`build_step` accepts: ``megatron`` is the upstream baseline (``none``
@@ -30,8 +31,20 @@ for PP = 1, ``1f1b``, or ``interleaved`` with virtual stages); ``dynamic`` is th
 ``--pipeline-schedule dynamic`` (greedy dual-queue interleaving); the others are
 :data:`pipeweaver.generators.GENERATORS`."""
 
-PLACEMENTS: tuple[str, ...] = ("baseline", "interleaved")
-"""Placement policies: :meth:`Placement.baseline` and :meth:`Placement.interleaved`."""
+PLACEMENTS: tuple[str, ...] = ("baseline", "balanced", "interleaved")
+"""Placement policies: :meth:`Placement.baseline` (upstream Megatron's encoders on stage 0),
+``balanced`` (:meth:`Placement.balanced_params`, DIP's Megatron baseline: every module's layers,
+encoders first, in P x K stages of balanced parameters, K the config's virtual stages) and
+:meth:`Placement.interleaved`."""
+
+
+def layer_params(spec: ModelSpec) -> dict[str, list[float]]:
+    """Per module present, the parameters of each layer (one TP rank's; the input layer counted
+    in layer 0, the head in the last), for :meth:`Placement.balanced_params`."""
+    costs = ModelCosts(spec)
+    return {
+        m: [costs.chunk_params(m, i, i + 1) for i in range(n)] for m, n in spec.layers().items()
+    }
 
 
 def placement_kind(schedule: str, placement: str | None = None) -> str:
@@ -68,7 +81,8 @@ def build_step(
         schedule: one of :data:`SCHEDULES`.
         placement: one of :data:`PLACEMENTS`; default :func:`placement_kind`'s.
         chunks_per_rank: interleaved placement: chunks per rank of each module (default 1; the
-            LLM's defaults to the config's virtual stages).
+            LLM's defaults to the config's virtual stages). The baseline and balanced
+            placements take the config's virtual stages instead.
         memory: memory strategy of every compute; default the config's.
         pad: pad the microbatches when PP > 1, as the baseline trainer does (the runtime's
             schedules do not pad).
@@ -149,6 +163,10 @@ def build_step(
     kind = placement_kind(name, placement)
     if kind == "baseline":
         layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
+    elif kind == "balanced":
+        layout = Placement.balanced_params(
+            pp, layer_params(spec), spec.parallel.llm_chunks_per_rank
+        )
     elif partition is not None:
         layout = partition.placement()
     else:

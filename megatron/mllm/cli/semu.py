@@ -19,7 +19,8 @@ PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleav
 ``dataflow`` (any placement; with ``--placement interleaved`` the encoders are spread over all
 ranks, DIP's layout) and ``dynamic`` (the trainer's ``--pipeline-schedule dynamic``: greedy
 dual-queue interleaving over the interleaved placement; use ``--pad none`` as the runtime
-does not pad).
+does not pad). ``--placement balanced`` runs Megatron's schedules on DIP's baseline layout: every
+module's layers, encoders first, cut into P x K consecutive stages of balanced parameters.
 
 The trainer's partitioner flags apply as in training: ``--set vision-chunks-per-stage=auto``
 (audio, llm) and ``--set encoder-sub-microbatch-size=auto`` (with ``--set
@@ -91,9 +92,9 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
 
 def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
     """``--chunks-per-rank vision=2,audio=1`` as a mapping; None when not given, or when the
-    step's placement is the baseline, which ignores it."""
+    step's placement is the baseline or the balanced one, which ignore it."""
     text = args.chunks_per_rank
-    if text is None or placement_kind(args.schedule, args.placement) == "baseline":
+    if text is None or placement_kind(args.schedule, args.placement) in ("baseline", "balanced"):
         return None
     out = {}
     for mod, v in _kv(text, "--chunks-per-rank").items():
@@ -153,7 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(SCHEDULES),
         help="schedule generator (default: the upstream-Megatron baseline)",
     )
-    parser.add_argument("--placement", choices=list(PLACEMENTS), help="chunk layout")
+    parser.add_argument(
+        "--placement",
+        choices=list(PLACEMENTS),
+        help="chunk layout (balanced: Megatron's stages with balanced parameters, DIP's baseline)",
+    )
     parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
     parser.add_argument(
         "--encoder-sub-microbatch-tokens",
