@@ -85,6 +85,7 @@ def greedy_dual_queue(
     memory_cap: float | Sequence[float] | None = None,
     activation_bytes: Callable[[Compute], float] | None = None,
     memory_limit: float | Sequence[float | None] | None = None,
+    lowered: bool = True,
 ) -> Schedule:
     """Interleave every compute of every module on every rank; returns a lowered schedule.
 
@@ -104,6 +105,9 @@ def greedy_dual_queue(
             ``activation_bytes``. A forward runs only if the rank's kept bytes plus its own stay
             within the limit, so the lowered schedule passes
             :func:`pipeweaver.checker.check` with ``memory_cap=memory_limit``.
+        lowered: add the sends and receives (:func:`pipeweaver.lowering.lower`); False returns
+            the compute-only order, which SEMU times exactly as the lowered one (the search
+            scores its rollouts so and lowers only the schedule it keeps).
 
     A throttled rank (soft cap) with no backward ready runs a forward anyway: the cap is a
     preference, and the static checker enforces hard caps. Under a hard limit a rank whose next
@@ -158,7 +162,8 @@ def greedy_dual_queue(
             if window == windows[-1]:
                 raise ScheduleError(str(e), e.rank, None, e.action) from None
             continue
-        return lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
+        schedule = Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic")
+        return lower(schedule) if lowered else schedule
     raise AssertionError("unreachable")
 
 

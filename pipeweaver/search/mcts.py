@@ -182,12 +182,16 @@ class OrderEvaluator:
             self._phase2.update(memory_limit=memory_limit, activation_bytes=activation_bytes)
         self._cache: dict[Indices, float] = {}
 
-    def interleave(self, priority: Callable[[Compute], tuple]) -> Schedule:
-        """Phase 2 alone with a priority function: the lowered greedy schedule."""
-        return greedy_dual_queue(self.placement, self.structure, priority=priority, **self._phase2)
+    def interleave(self, priority: Callable[[Compute], tuple], lowered: bool = True) -> Schedule:
+        """Phase 2 alone with a priority function: the greedy schedule (lowered, or the
+        compute-only order, which SEMU times alike)."""
+        return greedy_dual_queue(
+            self.placement, self.structure, priority=priority, lowered=lowered, **self._phase2
+        )
 
-    def schedule(self, order: Indices) -> Schedule:
-        """The lowered schedule of an order (phase 2, then the phase-3 hook).
+    def schedule(self, order: Indices, lowered: bool = True) -> Schedule:
+        """The schedule of an order (phase 2, then the phase-3 hook), lowered unless told not
+        to and there is no hook.
 
         The default order stands for phase 2's own :func:`default_priority`: the two agree
         except where a forward and a backward become ready at the same future instant on one
@@ -198,7 +202,8 @@ class OrderEvaluator:
             priority = default_priority
         else:
             priority = order_priority(self.space.to_groups(order))
-        sched = self.interleave(priority)
+        # A phase-3 hook gets (and may return) lowered schedules.
+        sched = self.interleave(priority, lowered or self.refine is not None)
         return self.refine(sched) if self.refine is not None else sched
 
     def time_of(self, sched: Schedule) -> float:
@@ -212,7 +217,9 @@ class OrderEvaluator:
         """Predicted seconds of an order (cached)."""
         t = self._cache.get(order)
         if t is None:
-            t = self._cache[order] = self.time_of(self.schedule(order))
+            # SEMU times a compute-only order as its lowering: the lowering (40% of a rollout)
+            # is left to the schedule kept. A caller's own score sees lowered schedules.
+            t = self._cache[order] = self.time_of(self.schedule(order, self.score is not None))
         return t
 
     @property

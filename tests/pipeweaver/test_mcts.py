@@ -21,7 +21,7 @@ from pipeweaver.interleave import default_priority, greedy_dual_queue
 from pipeweaver.ir import Kind, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.search.exhaustive import brute_force_best, exhaustive_best
-from pipeweaver.search.mcts import OrderEvaluator, search_schedule
+from pipeweaver.search.mcts import OrderEvaluator, search_schedule, tree_search
 from pipeweaver.search.segments import SegmentGroup, default_order, order_priority
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 from pipeweaver.semu.hardware import ClusterSpec
@@ -201,3 +201,17 @@ def test_bad_input_is_rejected():
         ev.space.to_indices(ev.space.groups[:-1])
     with pytest.raises(ScheduleError, match="microbatches"):
         OrderEvaluator(placement, structure, mbs[:1], _semu())
+
+
+def test_rollouts_scored_without_lowering_time_as_the_lowered_schedule():
+    """The evaluator scores compute-only orders (the lowering is 40% of a rollout): SEMU must
+    time them exactly as the schedule that is kept and run, which is lowered."""
+    placement, structure, mbs = _instance(FOUR)
+    ev = OrderEvaluator(placement, structure, mbs, _semu())
+    seen = []
+    tree_search(ev.space, lambda o: (seen.append(o), ev(o))[1], rollouts=40, seed=3)
+    assert len(seen) > 20
+    for order in seen:
+        compute_only, lowered = ev.schedule(order, lowered=False), ev.schedule(order)
+        assert not compute_only.has_comms and lowered.has_comms
+        assert ev.time_of(compute_only) == pytest.approx(ev.time_of(lowered), rel=1e-12)
