@@ -173,6 +173,8 @@ def replay(
             i += 1
         pos[r] = i
         t[r] = tr
+        if i == size and tr > last_end[r]:
+            last_end[r] = tr  # host work after the last compute (posting sends, waiting them)
     if any(pos[r] < len(programs[r]) for r in range(n)):
         r0 = next(r for r in range(n) if pos[r] < len(programs[r]))
         op = programs[r0][pos[r0]]

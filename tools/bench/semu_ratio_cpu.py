@@ -21,10 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_runs import run_main_job  # noqa: E402
 
-SCHEDULES = {
-    "1f1b": ["--pipeline-schedule", "1f1b"],
-    "dynamic": ["--pipeline-schedule", "dynamic"],
-}
+SCHEDULES = {"1f1b": ["--pipeline-schedule", "1f1b"], "dynamic": ["--pipeline-schedule", "dynamic"]}
 
 
 def main() -> int:
