@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from test_semu import CPU_FLAGS, _cluster, _uniform_mbs, model_spec
 
 from megatron.mllm.arguments import ONE_REPLICA
 from megatron.mllm.config_files import flag_argv, run_from_flags, set_flags
@@ -21,8 +22,6 @@ from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, structure_of
 from pipeweaver.semu.simulator import Semu, _receive_posts
 from pipeweaver.semu.timing import ComputeCost
 
-from test_semu import CPU_FLAGS, _cluster, _uniform_mbs, model_spec
-
 # Distinct binary fractions: every coefficient of a hand-computed sum shows in the result.
 F, B = 1.0, 2.0
 SEND_POST, SEND_WAIT, RECV_POST, RECV_WAIT = 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-10
@@ -34,8 +33,13 @@ def _host_calibration(**host: float) -> Calibration:
 
 def _llm_spec(p: int):
     return model_spec(
-        {**CPU_FLAGS, "vision-num-layers": 0, "audio-num-layers": 0, "num-layers": 2 * p,
-         "pipeline-model-parallel-size": p}  # fmt: skip
+        {
+            **CPU_FLAGS,
+            "vision-num-layers": 0,
+            "audio-num-layers": 0,
+            "num-layers": 2 * p,
+            "pipeline-model-parallel-size": p,
+        }
     )
 
 
@@ -51,9 +55,8 @@ def test_two_rank_makespan_with_host_terms_is_the_hand_computed_one():
         return ComputeCost(F if a.kind is Kind.F else B, 0.0, 0.0)
 
     cal = _host_calibration(
-        send_post_s=SEND_POST, send_wait_s=SEND_WAIT, recv_post_s=RECV_POST,
-        recv_wait_s=RECV_WAIT,
-    )  # fmt: skip
+        send_post_s=SEND_POST, send_wait_s=SEND_WAIT, recv_post_s=RECV_POST, recv_wait_s=RECV_WAIT
+    )
     semu = Semu(spec, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
     sched = one_f_one_b(Placement.baseline(2, spec.layers()), MicrobatchStructure(1))
     assert sched.has_comms
@@ -91,8 +94,9 @@ def test_receive_postings_follow_the_runtime_rule(p, m):
     sched = one_f_one_b(Placement.baseline(p, spec.layers()), MicrobatchStructure(m))
     for actions in sched.actions:
         assert _receive_posts(actions) == _posts_by_the_runtime(actions)
-        assert sum(_receive_posts(actions)) == sum(isinstance(a, Comm) and not a.is_send
-                                                   for a in actions)  # fmt: skip
+        assert sum(_receive_posts(actions)) == sum(
+            isinstance(a, Comm) and not a.is_send for a in actions
+        )
 
 
 def test_receive_postings_delay_within_their_sum():
@@ -101,8 +105,9 @@ def test_receive_postings_delay_within_their_sum():
     spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2, "vision-num-layers": 4})
     pl = Placement.interleaved(2, spec.layers(), {"vision": 2})
     mbs = [
-        MicrobatchMeta((120, 30), 150, {"vision": (SubBatch((16, 16), 8), SubBatch((64,), 16))},
-                       1.0, 2),  # fmt: skip
+        MicrobatchMeta(
+            (120, 30), 150, {"vision": (SubBatch((16, 16), 8), SubBatch((64,), 16))}, 1.0, 2
+        ),
         MicrobatchMeta((90,), 90, {"vision": (SubBatch((32,), 8),)}, 1.0, 1),
     ]
     sched = dataflow(pl, structure_of(mbs, ["vision", "audio"]))
@@ -129,10 +134,20 @@ def test_runtime_action_and_sub_terms_add_exactly():
     the host time before the pipeline."""
     spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2})
     pl = Placement.interleaved(2, spec.layers(), {})
-    mb = MicrobatchMeta((120, 30), 150, {"vision": (SubBatch((16, 16), 8), SubBatch((64,), 16)),
-                                         "audio": (SubBatch((50,), 25),)}, 1.0, 2)  # fmt: skip
-    terms = dict(runtime_forward_s=2.0**-3, runtime_backward_s=2.0**-5, sub_join_s=2.0**-7,
-                 sub_join_backward_s=2.0**-9, sub_split_s=2.0**-11)  # fmt: skip
+    mb = MicrobatchMeta(
+        (120, 30),
+        150,
+        {"vision": (SubBatch((16, 16), 8), SubBatch((64,), 16)), "audio": (SubBatch((50,), 25),)},
+        1.0,
+        2,
+    )
+    terms = dict(
+        runtime_forward_s=2.0**-3,
+        runtime_backward_s=2.0**-5,
+        sub_join_s=2.0**-7,
+        sub_join_backward_s=2.0**-9,
+        sub_split_s=2.0**-11,
+    )
     base = Semu(spec, _cluster(2, device="cpu"), _host_calibration(), reuse=False)
     more = Semu(spec, _cluster(2, device="cpu"), _host_calibration(**terms), reuse=False)
     parts = 3
@@ -140,12 +155,17 @@ def test_runtime_action_and_sub_terms_add_exactly():
         (Compute("vision", 0, Kind.F, 0, 1), terms["runtime_forward_s"]),
         (Compute("vision", 0, Kind.B, 0, 1), terms["runtime_backward_s"]),
         (Compute("llm", 0, Kind.F, 0), terms["runtime_forward_s"] + parts * terms["sub_join_s"]),
-        (Compute("llm", 0, Kind.B, 0),
-         terms["runtime_backward_s"] + parts * terms["sub_join_backward_s"]),
-        (Compute("llm", 0, Kind.B, 0, memory=Memory.RECOMPUTE),
-         terms["runtime_backward_s"] + parts * (terms["sub_join_backward_s"] + terms["sub_join_s"])),
+        (
+            Compute("llm", 0, Kind.B, 0),
+            terms["runtime_backward_s"] + parts * terms["sub_join_backward_s"],
+        ),
+        (
+            Compute("llm", 0, Kind.B, 0, memory=Memory.RECOMPUTE),
+            terms["runtime_backward_s"]
+            + parts * (terms["sub_join_backward_s"] + terms["sub_join_s"]),
+        ),
         (Compute("llm", 1, Kind.F, 0), terms["runtime_forward_s"]),
-    ]:  # fmt: skip
+    ]:
         got = more.compute_cost(pl, a, mb).time_s - base.compute_cost(pl, a, mb).time_s
         assert got == pytest.approx(extra, rel=1e-9), a
     mbs = [mb, MicrobatchMeta((90,), 90, {"vision": (SubBatch((32,), 8),)}, 1.0, 1)]
@@ -161,8 +181,14 @@ RECORDED = {"matmul_s": 0.1, "python_s": 0.02}
 
 
 def _measured_calibration() -> Calibration:
-    table = LayerTimeModel(const_s=1e-4, linear_s=2e-6, quadratic_s=1e-9, backward_ratio=2.5,
-                           act_bytes_per_token=640.0, layer_param_tensors=12)  # fmt: skip
+    table = LayerTimeModel(
+        const_s=1e-4,
+        linear_s=2e-6,
+        quadratic_s=1e-9,
+        backward_ratio=2.5,
+        act_bytes_per_token=640.0,
+        layer_param_tensors=12,
+    )
     return Calibration(
         device="cpu",
         modules={"llm": table},
@@ -250,8 +276,17 @@ def test_semu_cli_strict_calibration(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(host_probe, "_WARNED", set())
     monkeypatch.setenv(host_probe.PROBE_ENV, "1")
     monkeypatch.setattr(host_probe, "_PROBE", {k: v * 2 for k, v in RECORDED.items()})
-    argv = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--calibration", str(path),
-            "--set", "pipeline-model-parallel-size=2", "--json"]  # fmt: skip
+    argv = [
+        "--model",
+        "cpu-main",
+        "--cluster",
+        "cpu-2ranks",
+        "--calibration",
+        str(path),
+        "--set",
+        "pipeline-model-parallel-size=2",
+        "--json",
+    ]
     assert cli.main([*argv, "--strict-calibration"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "2.00x" in err[0]
@@ -281,8 +316,9 @@ def test_trainer_refuses_with_strict_calibration_and_rescales_without(tmp_path, 
     monkeypatch.setattr(distributed, "global_rank", lambda: 0)
     monkeypatch.setattr(distributed, "all_gather_objects", lambda obj: [obj, None])
     flags = {**CPU_FLAGS, "cost-calibration": str(path)}
-    strict = run_from_flags(flag_argv(set_flags({**flags, "strict-calibration": True})),
-                            ONE_REPLICA).run  # fmt: skip
+    strict = run_from_flags(
+        flag_argv(set_flags({**flags, "strict-calibration": True})), ONE_REPLICA
+    ).run
     assert strict.balance.strict_calibration is True
     with pytest.raises(ConfigError, match=r"^--cost-calibration .*cal\.json.*1\.50x"):
         training._host_calibration(strict)
