@@ -14,6 +14,14 @@ waits for the arrival. Communication overlaps compute. Compute-only schedules (o
 lowering) are simulated directly, as if lowered: the timings are the same, because the lowering only
 moves a receive earlier when an earlier-sent tensor has arrived first anyway.
 
+A calibration's host terms (``orchestration.calibration``) add what the runtime pays on a
+rank's host around its actions, on that rank's timeline: posting a send before it leaves,
+posting receives where the runtime posts them (before the action that precedes the next send),
+returning from a receive's wait, waiting the sends at the step's end, the runtime's bookkeeping
+per compute, LLM chunk 0 joining (and, backward, splitting) the encoder subs' rows, and cutting
+the subs before the step. In a compute-only schedule the implicit sends and receives charge
+their host time to the compute they belong to.
+
 The results and their definitions (bubble ratio, MFU, peak memory) are in
 :mod:`pipeweaver.semu.results`; the replay of the compiled per-rank programs in
 :mod:`pipeweaver.semu.replay`.
