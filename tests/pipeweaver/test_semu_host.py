@@ -327,3 +327,24 @@ def test_trainer_refuses_with_strict_calibration_and_rescales_without(tmp_path, 
     cal = training._host_calibration(lenient)
     assert cal.machine["applied_factor"] == pytest.approx(1.5)
     assert cal.host["step_s"] == pytest.approx(0.015)
+
+
+def test_runtime_stage_runs_the_executor_on_every_module():
+    """The calibration's ``runtime`` stage drives the real executor (stand-ins for megatron-core's
+    calls): every action of a one-rank schedule of the model's modules runs, in both kinds."""
+    from megatron.mllm.calibration import DEFAULT_MODEL
+    from megatron.mllm.calibration.harness import measurement_run
+    from megatron.mllm.calibration.runtime import _actions, _join
+
+    class Unit:
+        """A reference pass of one second: the results stay in seconds."""
+
+        def time(self) -> float:
+            return 1.0
+
+    mllm = measurement_run(DEFAULT_MODEL).model
+    got = {**_actions(mllm, 1, Unit()), **_join(mllm, 1, Unit())}
+    assert set(got) == {"runtime_forward_s", "runtime_backward_s", "sub_join_s",
+                        "sub_join_backward_s"}  # fmt: skip
+    assert got["runtime_forward_s"] > 0 and got["runtime_backward_s"] > 0
+    assert all(v >= 0 for v in got.values())

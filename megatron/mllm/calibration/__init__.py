@@ -104,7 +104,7 @@ from megatron.mllm.cli.progress import progress  # noqa: E402
 from megatron.mllm.config_files import CONFIG_DIR, find_config  # noqa: E402
 from megatron.mllm.data import SyntheticTask  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
-from orchestration.host_probe import host_record, run_probe  # noqa: E402
+from orchestration.host_probe import host_record, probe_enabled, run_probe  # noqa: E402
 from orchestration.workload_spec import SampleStream  # noqa: E402
 
 STAGES = ("layers", "optimizer", "host", "runtime", "trainer", "parallel")
@@ -276,7 +276,11 @@ def _in_process(
         host=host,
         comm={},
         # The host, and a probe of it that SEMU and the balancer rerun where they load this.
-        machine={**host_record(plan.threads), "probe": run_probe()},
+        # (Not with the probe disabled, as in the test suite: then it has none to compare.)
+        machine={
+            **host_record(plan.threads),
+            **({"probe": run_probe()} if probe_enabled() else {}),
+        },
     )
     complete = set(plan.modules) >= {*mllm.encoders, "llm"}
     if "trainer" in plan.stages and complete and plan.workloads:
