@@ -37,15 +37,50 @@ them stay valid):
 * ``host``: seconds of host work the step pays outside the layers: ``step_s`` (fixed per step),
   ``microbatch_s`` (per microbatch and rank), ``stage_s`` (per forward or backward of a chunk),
   ``sample_s`` (building one sample's payload), ``feature_s_per_element`` (generating encoder
-  input features), ``optimizer_s_per_param`` (one optimizer step per local parameter).
+  input features), ``optimizer_s_per_param`` (one optimizer step per local parameter), and what
+  the pipeline runtime pays on a rank's host around its actions (absent = 0):
+  ``send_post_s`` (posting one ``isend``), ``send_wait_s`` (waiting one completed send at the
+  step's end), ``recv_post_s`` (allocating a buffer and posting one ``irecv``), ``recv_wait_s``
+  (a receive action's wait once the tensor has arrived), ``runtime_forward_s`` /
+  ``runtime_backward_s`` (the runtime's bookkeeping per forward / backward action outside
+  megatron-core's ``forward_step`` / ``backward_step``: gathering inputs, routing outputs and
+  gradients), ``sub_split_s`` (cutting one encoder sub-microbatch out of a packed microbatch)
+  and ``sub_join_s`` / ``sub_join_backward_s`` (LLM chunk 0 concatenating one encoder sub's
+  rows in its forward, and splitting their gradient in its backward);
+* ``machine``: the host the file was measured on (``cpu``, ``cores``, ``torch_threads``) and a
+  short probe of its speed (``probe``: ``matmul_s``, ``python_s``; see
+  :mod:`orchestration.host_probe`), which SEMU and the balancer rerun to rescale the times on
+  another host.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
+
+TABLE_TIME_FIELDS = (
+    "const_s", "linear_s", "quadratic_s", "per_sequence_s", "edge_s_per_token",
+    "input_s_per_token", "head_s_per_token", "backward_const_s", "backward_linear_s",
+    "backward_quadratic_s", "backward_per_sequence_s", "input_const_s", "head_const_s",
+    "head_s_per_row", "input_backward_const_s", "input_backward_s_per_token",
+    "head_backward_const_s", "head_backward_s_per_token", "head_backward_s_per_row",
+    "chunk_const_s", "backward_chunk_const_s",
+)  # fmt: skip
+"""The fields of a :class:`LayerTimeModel` in seconds (the others are ratios, bytes, counts)."""
+
+HOST_TIME_FIELDS = (
+    "sample_s", "feature_s_per_element", "optimizer_step_s", "optimizer_s_per_tensor",
+    "optimizer_s_per_param", "forward_step_s", "backward_step_s", "step_s", "microbatch_s",
+    "stage_s", "token_s", "send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s",
+    "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
+    "sub_join_backward_s",
+)  # fmt: skip
+"""The ``host`` entries in seconds (``shared_node_slowdown`` is a ratio)."""
+
+COMM_TIME_FIELDS = ("p2p_latency_s", "allreduce_latency_s")
+"""The ``comm`` entries in seconds; the bandwidths (bytes/s) scale inversely."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +243,26 @@ class Calibration:
     host: dict[str, float] = field(default_factory=dict)
     """Optional host-side costs of a step (see the module docstring)."""
 
+    machine: dict[str, Any] = field(default_factory=dict)
+    """Optional: the host it was measured on and its probe (see the module docstring)."""
+
+    path: str = field(default="", compare=False)
+    """The file it was loaded from ("" when built in memory); not written."""
+
+    def scaled(self, factor: float) -> "Calibration":
+        """This calibration on a host ``factor`` times slower: every time multiplied by it,
+        every rate (FLOP/s, bytes/s) divided by it; ratios, bytes and counts unchanged."""
+        tables = {
+            m: replace(t, **{k: getattr(t, k) * factor for k in TABLE_TIME_FIELDS if getattr(t, k)})
+            for m, t in self.modules.items()
+        }
+        host = {k: v * factor if k in HOST_TIME_FIELDS else v for k, v in self.host.items()}
+        comm = {
+            k: v * factor if k in COMM_TIME_FIELDS else v / factor for k, v in self.comm.items()
+        }
+        hardware = {k: v / factor for k, v in self.hardware.items()}
+        return replace(self, modules=tables, host=host, comm=comm, hardware=hardware)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this calibration."""
         out = {
@@ -217,7 +272,7 @@ class Calibration:
             "modules": {k: asdict(v) for k, v in self.modules.items()},
             "efficiency": self.efficiency,
         }
-        for key in ("hardware", "comm", "host"):
+        for key in ("hardware", "comm", "host", "machine"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -238,6 +293,7 @@ class Calibration:
             hardware={k: float(v) for k, v in obj.get("hardware", {}).items()},
             comm={k: float(v) for k, v in obj.get("comm", {}).items()},
             host={k: float(v) for k, v in obj.get("host", {}).items()},
+            machine=dict(obj.get("machine", {})),
         )
 
     @classmethod
@@ -251,7 +307,9 @@ class Calibration:
                 obj = json.load(f)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from e
-        return cls.from_json(obj, where=path)
+        cal = cls.from_json(obj, where=path)
+        cal.path = path
+        return cal
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the calibration file."""

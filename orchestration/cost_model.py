@@ -319,6 +319,11 @@ class CostModel:
                 longest item of each rank).
             strict: see :meth:`PhaseCostModel.from_calibration`.
         """
+        if calibration is not None:
+            # Times measured on another host, rescaled to this one (a no-op on the same host).
+            from orchestration.host_probe import fit_to_host
+
+            calibration = fit_to_host(calibration)
         phases = {}
         for phase in PHASES:
             if phase != "llm" and phase not in shape.encoders:

@@ -9,6 +9,9 @@ import pytest
 
 # No progress bars in tests, even with `pytest -s` on a terminal, nor in the tools they start.
 os.environ["ORCHWEAVE_PROGRESS"] = "0"
+# No host probe when a calibration is loaded (orchestration.host_probe): the suite's timing
+# must not grow by it, nor its results depend on this host's speed. Its tests pass fake probes.
+os.environ["ORCHWEAVE_CALIBRATION_PROBE"] = "0"
 
 
 CUDA_SKIP_REASON = "needs a CUDA device (torch.cuda.is_available() is False)"

@@ -143,6 +143,10 @@ class PostBalanceConfig:
     model and SEMU's step prediction. Default: costs from the model's FLOPs (and SEMU's
     analytic device model)."""
 
+    strict_calibration: bool = False
+    """Refuse a --cost-calibration whose recorded host probe differs from this host's by more
+    than 10%, instead of warning and scaling its times by the measured factor."""
+
     @property
     def token_caps(self) -> dict[str, int]:
         """``--post-balance-token-caps`` as phase -> tokens (checked by the argument parser)."""

@@ -57,6 +57,7 @@ from megatron.mllm.reporting import MetricWriters  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import StepTimers  # noqa: E402
+from orchestration import host_probe  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
 from orchestration.dispatcher import CollectiveError, Dispatcher  # noqa: E402
@@ -142,6 +143,32 @@ def _scheduler(run: RunConfig, optimizer) -> OptimizerParamScheduler:
     )
 
 
+def _host_calibration(run: RunConfig) -> Calibration | None:
+    """``--cost-calibration`` as it holds on this host (:func:`orchestration.host_probe.
+    fit_to_host`): rank 0 probes the host and every rank adopts its probe, so that every rank
+    scales the balancer's costs alike (the cost model, ``CostModel.build``, rescales with it
+    too). Only rank 0 warns; with ``--strict-calibration`` every rank refuses alike.
+
+    Raises:
+        ConfigError: ``--strict-calibration`` and a calibration from a host of another speed.
+    """
+    path = run.balance.cost_calibration
+    if not path:
+        return None
+    rank = distributed.global_rank()
+    if host_probe.probe_enabled():
+        probe = host_probe.host_probe() if rank == 0 else None
+        host_probe.adopt_probe(distributed.all_gather_objects(probe)[0])
+    try:
+        return host_probe.fit_to_host(
+            Calibration.load(path),
+            strict=run.balance.strict_calibration,
+            warn=host_probe.warn_line if rank == 0 else host_probe.mark_warned,
+        )
+    except host_probe.CalibrationHostError as e:
+        raise ConfigError(f"--cost-calibration {e}") from None
+
+
 class Trainer:
     """One rank's share of an OrchWeave training run."""
 
@@ -163,6 +190,7 @@ class Trainer:
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.mllm = mllm_config(run)
         self.shape = self.mllm.shape()
+        self.calibration = _host_calibration(run)
         log = run.logger
         self.timers = StepTimers(
             log.timing_log_level,
@@ -187,11 +215,9 @@ class Trainer:
         self.partition = partition_plan(run, self.mllm)
         self.predictor = None
         if (run.logging.step_prediction or self.profiler.writes) and rank == world - 1:
-            calibration = None
-            if run.balance.cost_calibration:
-                calibration = Calibration.load(run.balance.cost_calibration)
             self.predictor = StepPredictor(
-                run, self.mllm, world, calibration, distributed.group_ranks(self.pg_collection.dp),
+                run, self.mllm, world, self.calibration,
+                distributed.group_ranks(self.pg_collection.dp),
                 distributed.group_ranks(self.pg_collection.pp), self.partition,
             )  # fmt: skip
         self.profiler.predictor = self.predictor

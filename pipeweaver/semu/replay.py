@@ -7,8 +7,11 @@ program of op tuples with integer ids from a :class:`TransferGraph`:
 * compute: ``(COMPUTE, action, seconds, kept bytes, transient bytes, is forward, id of its F,
   transfers it waits for, transfers it sends)``; the last two are filled for compute-only
   schedules, whose sends and receives are implicit (a send leaves when its producer ends);
-* send: ``(SEND, transfer, link, occupancy, latency)``;
-* receive: ``(RECV, transfer)``.
+* send: ``(SEND, transfer, link, occupancy, latency, host seconds)``: the rank spends the host
+  seconds posting it, then it leaves;
+* receive: ``(RECV, transfer, host seconds)``: the rank waits for the arrival, then spends the
+  host seconds returning from the wait;
+* host: ``(HOST, seconds)``: the rank's host is busy (posting receives ahead, waiting its sends).
 
 A rank runs until it needs a tensor that has not been sent yet, then parks on that tensor;
 sending it wakes the rank up. A transfer occupies its directed link for its occupancy in FIFO
@@ -24,7 +27,7 @@ from pipeweaver.ir import Action, Compute, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.semu.results import Event, PipelineResult
 
-COMPUTE, SEND, RECV = 0, 1, 2
+COMPUTE, SEND, RECV, HOST = 0, 1, 2, 3
 """Op codes of a compiled program."""
 
 
@@ -155,17 +158,23 @@ def replay(
                 tr = end
                 last_end[r] = end
             elif code == SEND:
+                tr += op[5]
                 send(op[1], op[2], op[3], op[4], tr)
-            else:
+            elif code == RECV:
                 at = arrivals[op[1]]
                 if at is None:
                     parked[op[1]] = r
                     break
                 if at > tr:
                     tr = at
+                tr += op[2]
+            else:
+                tr += op[1]
             i += 1
         pos[r] = i
         t[r] = tr
+        if i == size and tr > last_end[r]:
+            last_end[r] = tr  # host work after the last compute (posting sends, waiting them)
     if any(pos[r] < len(programs[r]) for r in range(n)):
         r0 = next(r for r in range(n) if pos[r] < len(programs[r]))
         op = programs[r0][pos[r0]]

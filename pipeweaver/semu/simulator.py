@@ -14,6 +14,14 @@ waits for the arrival. Communication overlaps compute. Compute-only schedules (o
 lowering) are simulated directly, as if lowered: the timings are the same, because the lowering only
 moves a receive earlier when an earlier-sent tensor has arrived first anyway.
 
+A calibration's host terms (``orchestration.calibration``) add what the runtime pays on a
+rank's host around its actions, on that rank's timeline: posting a send before it leaves,
+posting receives where the runtime posts them (before the action that precedes the next send),
+returning from a receive's wait, waiting the sends at the step's end, the runtime's bookkeeping
+per compute, LLM chunk 0 joining (and, backward, splitting) the encoder subs' rows, and cutting
+the subs before the step. In a compute-only schedule the implicit sends and receives charge
+their host time to the compute they belong to.
+
 The results and their definitions (bubble ratio, MFU, peak memory) are in
 :mod:`pipeweaver.semu.results`; the replay of the compiled per-rank programs in
 :mod:`pipeweaver.semu.replay`.
@@ -31,10 +39,28 @@ from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, RECV, SEND, TransferGraph, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache
 from pipeweaver.semu.timing import ComputeCost, TimeModel
+
+
+def _receive_posts(actions: Sequence) -> list[int]:
+    """Per action, the receives the runtime posts right before it: every receive not posted
+    yet up to the next send after it (``pipeweaver.runtime.executor``'s posting rule)."""
+    n = len(actions)
+    next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
+    for i in range(n - 1, -1, -1):
+        a = actions[i]
+        next_send[i] = i if type(a) is not Compute and a.is_send else next_send[i + 1]
+    posts, posted = [0] * n, 0
+    for i in range(n):
+        horizon = next_send[i + 1] if i + 1 < n else n
+        while posted < horizon:
+            a = actions[posted]
+            posts[i] += type(a) is not Compute and not a.is_send
+            posted += 1
+    return posts
 
 
 class Semu:
@@ -85,6 +111,8 @@ class Semu:
         if stop != placement.num_layers(a.module):
             rows = 0  # only an encoder's last chunk projects rows
         n_layers = self.spec.shape.module(a.module).num_layers
+        # LLM chunk 0 joins every encoder sub's rows (and splits their gradient).
+        parts = sum(len(s) for s in mb.encoders.values()) if a.module == "llm" and not start else 0
         key = (
             self._fp,
             a.module,
@@ -95,12 +123,17 @@ class Semu:
             a.memory.value,
             tuple(sorted(lens)),
             rows,
+            parts,
         )
 
         def cost() -> ComputeCost:
-            return self.cost.compute_cost(
+            c = self.cost.compute_cost(
                 a.module, start, stop, a.kind.value, a.memory.value, lens, rows
             )
+            join = self.cost.join_time(a.kind.value, parts)
+            if a.kind is Kind.B and a.memory.value == "recompute":
+                join += self.cost.join_time("F", parts)  # the rerun forward joins again
+            return ComputeCost(c.time_s + join, c.kept_bytes, c.transient_bytes) if join else c
 
         if self.cache is None:
             return cost()
@@ -221,30 +254,30 @@ class Semu:
                 v = table[k] = comm.p2p_parts(nbytes, layout[src][dst])
             return v
 
+        # The runtime's host time per posted send / receive and per wait (zero uncalibrated).
+        host, slow = self.cost.host, self.cost.slowdown
+        send_post = host.get("send_post_s", 0.0) * slow
+        send_wait = host.get("send_wait_s", 0.0) * slow
+        recv_post = host.get("recv_post_s", 0.0) * slow
+        recv_wait = host.get("recv_wait_s", 0.0) * slow
+
         def compile_compute(a: Compute, r: int) -> tuple:
             c = self.compute_cost(placement, a, microbatches[a.microbatch])
             waits: tuple = ()
             sends: tuple = ()
             key = a.key
+            dur = c.time_s
             if implicit:
                 waits, remote = graph.remote[key]
                 sends = tuple(
                     (e, (r, dst), *link_of(graph.edges[e][0], graph.edges[e][1], r, dst))
                     for e, dst in remote
                 )
+                # The lowering's sends and receives, charged to the compute they belong to.
+                dur += len(sends) * (send_post + send_wait) + len(waits) * (recv_post + recv_wait)
             forward = a.kind is Kind.F
             pair = graph.compute_id[key if forward else key.partner()]
-            return (
-                COMPUTE,
-                a,
-                c.time_s,
-                c.kept_bytes,
-                c.transient_bytes,
-                forward,
-                pair,
-                waits,
-                sends,
-            )
+            return (COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
 
         # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
         # microbatch, rank and mode.
@@ -254,7 +287,11 @@ class Semu:
             append = ops.append
             # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
-            for a in schedule.actions[r]:
+            actions = schedule.actions[r]
+            posts = _receive_posts(actions) if recv_post and not implicit else None
+            for i, a in enumerate(actions):
+                if posts is not None and posts[i]:
+                    append((HOST, posts[i] * recv_post))
                 if type(a) is Compute:
                     table = rank_tables[a.microbatch]
                     op = table.get(a)
@@ -263,9 +300,14 @@ class Semu:
                     append(op)
                 elif a.is_send:
                     occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append((SEND, edge_id[a.edge], (r, a.peer), occ, lat))
+                    append((SEND, edge_id[a.edge], (r, a.peer), occ, lat, send_post))
                 else:
-                    append((RECV, edge_id[a.edge]))
+                    append((RECV, edge_id[a.edge], recv_wait))
+            sends = (
+                0 if implicit else sum(1 for a in actions if type(a) is not Compute and a.is_send)
+            )
+            if sends and send_wait:
+                append((HOST, sends * send_wait))  # the runtime waits every send at the end
             programs.append(ops)
 
         return replay(programs, schedule.actions, graph, start, record)
@@ -304,6 +346,9 @@ class Semu:
         samples = sum(mb.num_samples or len(mb.llm_seq_lens) for mb in microbatches)
         real = sum(mb.real_tokens for mb in microbatches)
         t += host.get("sample_s", 0.0) * samples + host.get("token_s", 0.0) * real
+        # Every rank cuts each microbatch's encoder units into its sub-microbatches.
+        subs = sum(len(s) for mb in microbatches for s in mb.encoders.values())
+        t += host.get("sub_split_s", 0.0) * subs
         if rank == 0:
             feats = 0.0
             for mb in microbatches:

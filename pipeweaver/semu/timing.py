@@ -261,6 +261,8 @@ class TimeModel:
         time += self.host.get("forward_step_s" if kind == "F" else "backward_step_s", 0.0)
         if kind == "B" and memory == "recompute":
             time += self.host.get("forward_step_s", 0.0)
+        # The runtime's own bookkeeping around that call (inputs gathered, outputs routed).
+        time += self.host.get("runtime_forward_s" if kind == "F" else "runtime_backward_s", 0.0)
         return ComputeCost(time * self.slowdown, kept, transient)
 
     def _calibrated_passes(
@@ -350,6 +352,12 @@ class TimeModel:
         if memory == "recompute" and kind == "F":
             return boundary, 0.0
         return boundary, full
+
+    def join_time(self, kind: str, parts: int) -> float:
+        """LLM chunk 0 joining ``parts`` encoder subs' rows (F), or splitting their gradient
+        (B): the calibration's ``sub_join_s`` / ``sub_join_backward_s`` per part."""
+        key = "sub_join_s" if kind == "F" else "sub_join_backward_s"
+        return self.host.get(key, 0.0) * parts * self.slowdown
 
     # ---------------------------------------------------------------- step-level work
 

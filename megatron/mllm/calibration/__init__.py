@@ -38,6 +38,10 @@ grid of the first three, for tests):
     Building microbatches as the trainer does before its step runs them (the loader's payloads,
     ``BatchLoader.load``, and the step's packing, ``PackedStep.pack``): per sample and per
     encoder feature element.
+``runtime`` (:mod:`~megatron.mllm.calibration.runtime`)
+    OrchWeave's pipeline runtime on the host: its bookkeeping per forward / backward action
+    (``runtime_forward_s``, ``runtime_backward_s``), cutting encoder sub-microbatches
+    (``sub_split_s``) and LLM chunk 0 joining them (``sub_join_s``, ``sub_join_backward_s``).
 ``trainer`` (:mod:`~megatron.mllm.calibration.trainer_glue`)
     Short in-process trainer runs (world size 1, PP = 1, the megatron schedule) on workloads
     that are not in the accuracy benchmark (``workloads``, default llava15-665k and
@@ -54,12 +58,16 @@ grid of the first three, for tests):
     fitted as ``p2p_latency_s + bytes / p2p_bandwidth``; gloo all-reduce per size, fitted as
     ``2 (n-1) allreduce_latency_s + 2 (n-1)/n bytes / allreduce_bandwidth``; and how much
     slower a process computes while the other one computes too (``shared_node_slowdown``,
-    shared caches and memory bandwidth), from alternating solo and paired phases.
+    shared caches and memory bandwidth), from alternating solo and paired phases; the host
+    time of the runtime's transfers (``send_post_s``, ``send_wait_s``, ``recv_post_s``,
+    ``recv_wait_s``: ``pipeweaver.runtime.p2p`` posting and waiting isend/irecv).
 
 Plus the device's matmul FLOP/s and copy bandwidth (``hardware``) and the compute efficiency of
 the layers' matrix multiplies relative to that peak (``efficiency``). Every process of the main
 job runs with ``OMP_NUM_THREADS=1`` (``scripts/pretrain_mllm_cpu.sh``), so ``threads``
-defaults to 1. Timings on a busy machine are wrong: calibrate on a quiet one.
+defaults to 1. Timings on a busy machine are wrong: calibrate on a quiet one. The file records
+the host (``machine``: CPU, cores, threads) and a second-long probe of its speed
+(:mod:`orchestration.host_probe`), so that a load on another host rescales the times.
 
 Every time is taken next to a reference pass and kept in its units until the end
 (:mod:`~megatron.mllm.calibration.harness`); the fits are :mod:`~megatron.mllm.calibration.fit`,
@@ -89,15 +97,17 @@ from megatron.mllm.calibration.harness import make_reference, measurement_run, s
 from megatron.mllm.calibration.host import measure_host  # noqa: E402
 from megatron.mllm.calibration.layers import calibrate_module, grid_points  # noqa: E402
 from megatron.mllm.calibration.optimizer import measure_optimizer  # noqa: E402
+from megatron.mllm.calibration.runtime import measure_runtime  # noqa: E402
 from megatron.mllm.calibration.trainer_glue import measure_trainer  # noqa: E402
 from megatron.mllm.cli.launch import REPO  # noqa: E402
 from megatron.mllm.cli.progress import progress  # noqa: E402
 from megatron.mllm.config_files import CONFIG_DIR, find_config  # noqa: E402
 from megatron.mllm.data import SyntheticTask  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
+from orchestration.host_probe import host_record, probe_enabled, run_probe  # noqa: E402
 from orchestration.workload_spec import SampleStream  # noqa: E402
 
-STAGES = ("layers", "optimizer", "host", "trainer", "parallel")
+STAGES = ("layers", "optimizer", "host", "runtime", "trainer", "parallel")
 """The stages, in the order they run."""
 
 QUICK_STAGES = ("layers", "optimizer", "host")
@@ -245,6 +255,8 @@ def _in_process(
         host.update(measure_optimizer(mllm, run, pg, device, plan.modules, plan.reps, ref))
     if "host" in plan.stages:
         host.update(measure_host(task, mllm, run, device, plan.quick, ref))
+    if "runtime" in plan.stages:
+        host.update(measure_runtime(task, mllm, run, plan.quick, ref))
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cal = Calibration(
         device=device_name(device),
@@ -263,6 +275,12 @@ def _in_process(
         hardware=hardware,
         host=host,
         comm={},
+        # The host, and a probe of it that SEMU and the balancer rerun where they load this.
+        # (Not with the probe disabled, as in the test suite: then it has none to compare.)
+        machine={
+            **host_record(plan.threads),
+            **({"probe": run_probe()} if probe_enabled() else {}),
+        },
     )
     complete = set(plan.modules) >= {*mllm.encoders, "llm"}
     if "trainer" in plan.stages and complete and plan.workloads:
@@ -311,6 +329,7 @@ def _add_parallel(cal: Calibration, par: dict, log: Callable[[str], None]) -> No
     """The parallel stage's figures into ``cal``."""
     cal.comm.update(par["comm"])
     cal.host["shared_node_slowdown"] = float(par["shared_node_slowdown"])
+    cal.host.update(par.get("transfers", {}))
     raw = par["raw"]
     log(
         f"  two processes: p2p {cal.comm['p2p_latency_s'] * 1e6:.0f} us + "
@@ -320,3 +339,8 @@ def _add_parallel(cal: Calibration, par: dict, log: Callable[[str], None]) -> No
         f"{cal.host['shared_node_slowdown']:.3f} (solo {raw['solo_s']}, paired "
         f"{raw['paired_s']})"
     )
+    if "send_post_s" in cal.host:
+        log(
+            "  runtime transfers (us): "
+            + ", ".join(f"{k} {cal.host[k] * 1e6:.0f}" for k in par.get("transfers", {}))
+        )

@@ -21,7 +21,7 @@ import torch
 from megatron.mllm.batch import thd_params
 from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import LoadedConfig, load_run_config, set_flags
-from orchestration.calibration import Calibration
+from orchestration.calibration import HOST_TIME_FIELDS, TABLE_TIME_FIELDS, Calibration
 
 TRAINING_FLAGS = {"lr": 4e-3, "min-lr": 4e-4, "lr-warmup-iters": 1, "clip-grad": 1.0,
                   "weight-decay": 0.01}  # fmt: skip
@@ -193,28 +193,13 @@ def measure_round_robin(
     return [statistics.median(x) for x in fwd], [statistics.median(x) for x in bwd], saved
 
 
-# Fields in seconds (scaled from reference units by :func:`scale`); the others are ratios,
-# bytes or counts.
-_TABLE_TIMES = (
-    "const_s", "linear_s", "quadratic_s", "per_sequence_s", "edge_s_per_token",
-    "input_s_per_token", "head_s_per_token", "backward_const_s", "backward_linear_s",
-    "backward_quadratic_s", "backward_per_sequence_s", "input_const_s", "head_const_s",
-    "head_s_per_row", "input_backward_const_s", "input_backward_s_per_token",
-    "head_backward_const_s", "head_backward_s_per_token", "head_backward_s_per_row",
-    "chunk_const_s", "backward_chunk_const_s",
-)  # fmt: skip
-_HOST_TIMES = (
-    "sample_s", "feature_s_per_element", "optimizer_step_s", "optimizer_s_per_tensor",
-    "optimizer_s_per_param", "forward_step_s", "backward_step_s", "step_s",
-)  # fmt: skip
-
-
 def scale(cal: Calibration, seconds: float) -> Calibration:
     """``cal`` with every time in reference units converted to seconds."""
     tables = {}
     for m, t in cal.modules.items():
         tables[m] = dataclasses.replace(
-            t, **{k: getattr(t, k) * seconds for k in _TABLE_TIMES if getattr(t, k) is not None}
+            t,
+            **{k: getattr(t, k) * seconds for k in TABLE_TIME_FIELDS if getattr(t, k) is not None},
         )
-    host = {k: (v * seconds if k in _HOST_TIMES else v) for k, v in cal.host.items()}
+    host = {k: (v * seconds if k in HOST_TIME_FIELDS else v) for k, v in cal.host.items()}
     return dataclasses.replace(cal, modules=tables, host=host)

@@ -11,7 +11,8 @@ collectives it calls besides those it measures (barriers, gathering the figures)
   this host, as the main job runs) run :func:`parallel_worker`: the time of one megatron-core
   P2P transfer (``P2PCommunicator``, as the baseline schedule sends) per size, the gradient
   all-reduce per size (DDP's ``finish_grad_sync``), and how much slower a process computes
-  while the other one computes too (``shared_node_slowdown``).
+  while the other one computes too (``shared_node_slowdown``), and the host time of the
+  runtime's own transfers (posting and waiting ``isend`` / ``irecv``: ``send_post_s`` ...).
 
 The worker runs as ``python -m megatron.mllm.calibration.parallel --out F --model M ...``.
 """
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -180,6 +182,54 @@ def _p2p(mllm, pg, reps: int) -> tuple[float, float, dict]:
     return float(lat), float(inv_bw), dict(zip(map(str, sizes), seconds.tolist()))
 
 
+def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
+    """PP = 2: OrchWeave's runtime transfers (``pipeweaver.runtime.p2p.PipelineP2P``), the host
+    time of each step the executor takes: posting an ``isend`` (``send_post_s``), allocating a
+    buffer and posting an ``irecv`` (``recv_post_s``), waiting a receive that has arrived
+    (``recv_wait_s``) and a send that has completed (``send_wait_s``). Stage 0 sends a burst of
+    activation-sized tensors, stage 1 receives them; the waits start once the data is there."""
+    from pipeweaver.runtime.p2p import PipelineP2P
+
+    p2p = PipelineP2P(pg.pp, timedelta(minutes=2))
+    h, dtype = mllm.language.hidden_size, mllm.language.params_dtype
+    shape, burst = (128, 1, h), 16
+    times: dict[str, list[float]] = {
+        k: [] for k in ("send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s")
+    }
+    for r in range(reps + 1):
+        distributed.barrier()
+        if p2p.stage == 0:
+            tensors = [torch.randn(shape, dtype=dtype) for _ in range(burst)]
+            t = time.perf_counter()
+            works = [p2p.isend(x, 1) for x in tensors]
+            post = time.perf_counter() - t
+            distributed.barrier()  # stage 1 has received everything
+            t = time.perf_counter()
+            for w in works:
+                p2p.wait(w, "calibration send", 1)
+            if r:
+                times["send_post_s"].append(post / burst)
+                times["send_wait_s"].append((time.perf_counter() - t) / burst)
+        else:
+            t = time.perf_counter()
+            bufs = [torch.empty(shape, dtype=dtype) for _ in range(burst)]
+            works = [p2p.irecv(b, 0) for b in bufs]
+            post = time.perf_counter() - t
+            # In order: the last one done means all have arrived (a work is waited once).
+            p2p.wait(works[-1], "calibration receive", 0)
+            t = time.perf_counter()
+            for w in works[:-1]:
+                p2p.wait(w, "calibration receive", 0)
+            if r:
+                times["recv_post_s"].append(post / burst)
+                times["recv_wait_s"].append((time.perf_counter() - t) / (burst - 1))
+            distributed.barrier()
+    mine = torch.tensor([statistics.median(v) if v else 0.0 for v in times.values()])
+    gathered = distributed.all_gather(mine)
+    both = gathered[0] + gathered[1]  # each stage measured its own two, the other's are 0
+    return dict(zip(times, map(float, both)))
+
+
 def _paired_compute(run, mllm, pg, reps: int) -> tuple[float, list, list]:
     """One rank computes alone (the other sleeps: a rank waiting in gloo uses no CPU), then
     both at once; roles alternate. Work: a layer forward and backward through DDP, the
@@ -233,6 +283,7 @@ def parallel_worker(model: str, out: str, threads: int, reps: int) -> None:
     cpu_shim.model_parallel_manual_seed(1)
     pg = ProcessGroupCollection.use_mpu_process_groups()
     lat, inv_bw, p2p_raw = _p2p(mllm, pg, reps)
+    transfers = _runtime_transfers(mllm, pg, reps)
     slowdown, solo, paired = _paired_compute(run, mllm, pg, reps)
     if dist.get_rank() == 0:
         with open(out, "w", encoding="utf-8") as f:
@@ -245,6 +296,7 @@ def parallel_worker(model: str, out: str, threads: int, reps: int) -> None:
                         "allreduce_bandwidth": 1.0 / ar_inv_bw if ar_inv_bw > 0 else 1e12,
                     },
                     "shared_node_slowdown": max(1.0, slowdown),
+                    "transfers": transfers,
                     "raw": {
                         "p2p_s": p2p_raw,
                         "allreduce_s": ar_raw,

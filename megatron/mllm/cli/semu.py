@@ -53,7 +53,7 @@ import time
 from typing import Any, Sequence
 
 from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
-from orchestration.calibration import Calibration
+from orchestration.host_probe import load_calibration
 from orchestration.workload import WorkloadError
 from pipeweaver.ir import MODULES, ScheduleError
 from pipeweaver.semu import trace
@@ -181,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a model flag, e.g. --set pipeline-model-parallel-size=2",
     )
     parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py)")
+    parser.add_argument(
+        "--strict-calibration",
+        action="store_true",
+        help="refuse a calibration whose host probe differs from this host's by more than 10%%, "
+        "instead of warning and scaling its times",
+    )
     parser.add_argument("--replicas", type=number(int), help="simulate only this many DP replicas")
     parser.add_argument(
         "--balancer-bytes", help="JSON: phase -> bytes per device or DP x DP matrix"
@@ -212,7 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = configs.set_flags(parse_sets(args.set))
         loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
         spec = loaded.semu
-        calibration = Calibration.load(args.calibration) if args.calibration else None
+        calibration = None
+        if args.calibration:
+            calibration = load_calibration(args.calibration, strict=args.strict_calibration)
         plan = partition_plan(loaded.run, loaded.model, args.calibration)
         schedules, mbs, info = build_step(
             spec,

@@ -42,6 +42,7 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.host_probe import fit_to_host
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
@@ -163,7 +164,9 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units)
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
     calibration = None
     if run.balance.cost_calibration:
-        calibration = Calibration.load(run.balance.cost_calibration)
+        # Scaled to this host as the trainer's other predictions are (the probe ran once).
+        calibration = fit_to_host(Calibration.load(run.balance.cost_calibration),
+                                  strict=run.balance.strict_calibration)  # fmt: skip
     search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration)
     encoders = list(mllm.encoders)
 
