@@ -98,7 +98,9 @@ def open_dataset(path: str):
         raise WorkloadError(f"--data-path {path}: the dataset is empty ({e})") from e
     reader = ShardInfosITarReader(EPath(path), meta.shards)
     if len(reader) == 0:
-        raise WorkloadError(f"--data-path {path}: the dataset is empty (its shards hold no samples)")
+        raise WorkloadError(
+            f"--data-path {path}: the dataset is empty (its shards hold no samples)"
+        )
     return reader
 
 

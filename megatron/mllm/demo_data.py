@@ -41,10 +41,7 @@ IMAGE_CAPTIONS = (
 )
 """Caption templates of image samples."""
 
-AUDIO_CAPTIONS = (
-    "a tone that says {name}",
-    "the sound of the number {name}",
-)
+AUDIO_CAPTIONS = ("a tone that says {name}", "the sound of the number {name}")
 """Caption templates of audio samples."""
 
 TOKENIZER_DIR = "tokenizer"
@@ -150,6 +147,7 @@ def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) 
         The shard file names, in order.
     """
     import webdataset
+
     from megatron.energon.epathlib import EPath
     from megatron.energon.flavors.webdataset.prepare import WebdatasetPreparator
 
@@ -164,11 +162,7 @@ def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) 
             for sample in samples[s * per_shard : (s + 1) * per_shard]:
                 writer.write(sample)
     WebdatasetPreparator.prepare_dataset(
-        EPath(directory),
-        names,
-        split_parts_ratio=[("train", 1.0)],
-        shuffle_seed=None,
-        workers=1,
+        EPath(directory), names, split_parts_ratio=[("train", 1.0)], shuffle_seed=None, workers=1
     )
     # Mixed sample types: Energon reads them as a crude dataset (a cooker per type).
     with open(os.path.join(directory, ".nv-meta", "dataset.yaml"), "w", encoding="utf-8") as f:

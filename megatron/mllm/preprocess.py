@@ -93,9 +93,7 @@ class ImageTiling:
         """
         aspect = math.log(width / height)
         grids = [
-            (c, r)
-            for c in range(1, self.max_tiles + 1)
-            for r in range(1, self.max_tiles // c + 1)
+            (c, r) for c in range(1, self.max_tiles + 1) for r in range(1, self.max_tiles // c + 1)
         ]
         best = min(abs(math.log(c / r) - aspect) for c, r in grids)
         close = sorted(

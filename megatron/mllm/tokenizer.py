@@ -71,7 +71,9 @@ def load_tokenizer(tokenizer_type: str | None, directory: str | None) -> TextTok
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
-        raise ConfigError("--tokenizer-model needs the 'tokenizers' package: the 'data' extra") from e
+        raise ConfigError(
+            "--tokenizer-model needs the 'tokenizers' package: the 'data' extra"
+        ) from e
     try:
         backend = Tokenizer.from_file(path)
     except Exception as e:  # the library raises a bare Exception on a malformed file

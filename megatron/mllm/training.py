@@ -41,7 +41,6 @@ from megatron.mllm.arguments import (  # noqa: E402
     parse_arguments,
 )
 from megatron.mllm.config import mllm_config  # noqa: E402
-from megatron.mllm.data_energon import stream_from_run  # noqa: E402
 from megatron.mllm.data import (  # noqa: E402
     BatchLoader,
     GlobalBatch,
@@ -49,6 +48,7 @@ from megatron.mllm.data import (  # noqa: E402
     SyntheticTask,
     check_stream_encoders,
 )
+from megatron.mllm.data_energon import stream_from_run  # noqa: E402
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
 from megatron.mllm.partitioning import partition_plan  # noqa: E402

@@ -57,7 +57,7 @@ def test_metadata_from_headers_is_the_preprocessed_payload(dataset):
         raw = stream.read(i)
         meta = stream.sample_meta(raw)
         payload = stream.decode(raw, meta, with_features=True)
-        (encoder, units), = payload.units.items()
+        ((encoder, units),) = payload.units.items()
         modality = "image" if encoder == "vision" else "audio"
         item = meta.items(modality)[0]
         kinds.add((modality, len(item.units) > 1))
@@ -119,9 +119,7 @@ def _bad_samples(samples, what):
         ("unknown-type", "sample type 'vqa' cannot be read (known: caption, audio_caption)"),
     ],
 )
-def test_bad_samples_give_one_error_line_naming_shard_and_key(
-    dataset, what, message, capsys
-):
+def test_bad_samples_give_one_error_line_naming_shard_and_key(dataset, what, message, capsys):
     path, samples, root = dataset
     bad, key = _bad_samples(samples, what)
     bad_path = _build(root / what, bad, num_shards=1)
