@@ -26,6 +26,8 @@ setup(
         "plots": ["matplotlib"],  # SEMU's PNG timeline
         "tensorboard": ["tensorboard"],  # --tensorboard-dir (megatron.mllm.reporting)
         "wandb": ["wandb"],  # --wandb-project, offline by default
+        # --data-path: Energon datasets, audio decoding and the tokenizer (make demo-data).
+        "data": ["megatron-energon>=7.4,<7.5", "soundfile", "tokenizers", "pillow"],
         # The tests exercise every optional path.
         "test": [
             "pytest>=8",
@@ -35,6 +37,10 @@ setup(
             "matplotlib",
             "tensorboard",
             "wandb",
+            "megatron-energon>=7.4,<7.5",
+            "soundfile",
+            "tokenizers",
+            "pillow",
         ],
         "gpu": ["transformer-engine[pytorch]"],
     },

@@ -189,13 +189,35 @@ def check_required(args: argparse.Namespace) -> None:
         raise ConfigError("--micro-batch-size is required")
     if args.seq_length is None:
         raise ConfigError("--seq-length is required")
+    if args.data_path:
+        check_data_path(args)
     if args.vocab_size is None:
-        raise ConfigError("--vocab-size is required (OrchWeave trains on synthetic token ids)")
+        raise ConfigError(
+            "--vocab-size is required (OrchWeave trains on synthetic token ids without "
+            "--data-path)"
+        )
     heads = args.num_attention_heads
     if args.hidden_size is not None and heads and args.hidden_size % heads:
         raise ConfigError(
             f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}"
         )
+
+
+def check_data_path(args: argparse.Namespace) -> None:
+    """Real data: one dataset directory and a tokenizer; ``--vocab-size`` defaults to the
+    tokenizer's vocabulary."""
+    from megatron.mllm.tokenizer import load_tokenizer
+
+    if len(args.data_path) != 1:
+        raise ConfigError(
+            f"--data-path takes one Energon dataset directory, got {len(args.data_path)} paths "
+            "(blends and metadataset YAMLs are not supported yet)"
+        )
+    if args.num_workers < 0:
+        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
+    tokenizer = load_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    if args.vocab_size is None:
+        args.vocab_size = tokenizer.vocab_size
 
 
 def check_layout(args: argparse.Namespace) -> None:

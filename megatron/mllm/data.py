@@ -19,7 +19,7 @@ item starts with the item's class token. The rest of the text follows a fixed bi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from orchestration.workload import (
     ENCODER_OF_MODALITY,
     MODALITIES,
     SampleMeta,
+    WorkloadError,
     missing_encoder_error,
 )
 from orchestration.workload_spec import SampleStream
@@ -236,6 +237,11 @@ class BatchLoader:
     train_iters: int | None = None
     """The last iteration + 1: nothing is gathered ahead beyond it."""
 
+    share_errors: Callable[[str | None], str | None] | None = None
+    """Real data: gathers every rank's reading problem (or None) and returns the first, so a
+    sample that cannot be read stops every rank with its error instead of leaving the others
+    waiting at the next collective; None where reading cannot fail (synthetic data)."""
+
     _ahead: tuple[int, list, GatheredMetadata] | None = field(default=None, init=False, repr=False)
 
     def load(self, iteration: int, control: np.ndarray | None = None) -> GlobalBatch:
@@ -257,7 +263,7 @@ class BatchLoader:
             wanted = []
         if self.lookahead and (self.train_iters is None or iteration + 1 < self.train_iters):
             wanted.append(iteration + 1)
-        metas_of = {i: self._metas(i) for i in wanted}
+        metas_of = self._shared(lambda: {i: self._metas(i) for i in wanted})
         gathered, controls = [], None
         if wanted or control is not None:  # the same on every rank
             gathered, controls = self.dispatcher.gather_batches(
@@ -281,11 +287,9 @@ class BatchLoader:
         check_fits(metadata, self.seq_length)
         check_encoders(metadata, self.encoders)
         with self.timers.span("payloads"):
-            microbatches = [
-                [LoadedSample(k, meta, self.task.payload(meta, k, self.with_features))
-                 for k, meta in mb]
-                for mb in metas
-            ]  # fmt: skip
+            pairs = [pair for mb in metas for pair in mb]
+            made = iter(self._shared(lambda: self._payloads(pairs)))
+            microbatches = [[LoadedSample(k, meta, next(made)) for k, meta in mb] for mb in metas]
         return GlobalBatch(
             iteration,
             microbatches,
@@ -294,6 +298,27 @@ class BatchLoader:
             None if control is None else controls,
             next_own,
         )
+
+    def _payloads(self, pairs: list[tuple[int, SampleMeta]]) -> list[SamplePayload]:
+        """The payloads of ``(stream index, metadata)`` pairs, in order."""
+        if hasattr(self.task, "payloads"):  # a task that decodes in parallel
+            return self.task.payloads(pairs, self.with_features)
+        return [self.task.payload(meta, k, self.with_features) for k, meta in pairs]
+
+    def _shared(self, read: Callable):
+        """``read()``; with :attr:`share_errors`, a :class:`WorkloadError` of any rank is raised
+        on every rank (one small gather)."""
+        if self.share_errors is None:
+            return read()
+        out, problem = None, None
+        try:
+            out = read()
+        except WorkloadError as e:
+            problem = str(e)
+        first = self.share_errors(problem)
+        if first is not None:
+            raise WorkloadError(first)
+        return out
 
     def _metas(self, iteration: int) -> list[list[tuple[int, SampleMeta]]]:
         """This rank's (stream index, metadata) pairs of ``iteration``, per microbatch."""

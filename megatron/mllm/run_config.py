@@ -81,6 +81,13 @@ class MultimodalConfig:
     projector_type: Literal["mlp", "affine"] = "mlp"
     """Encoder-to-LLM projector (megatron-core MultimodalProjector)."""
 
+    image_tile_size: int = 448
+    """Real images (--data-path): pixels per side of an InternVL-style tile; each tile (and the
+    thumbnail of a multi-tile image) is one vision-encoder unit of (tile / patch)^2 patches."""
+
+    image_max_tiles: int = 6
+    """Real images: most tiles per image (the grid closest to its aspect ratio)."""
+
 
 @dataclass(kw_only=True)
 class PostBalanceConfig:
@@ -265,6 +272,19 @@ OPTION_GROUPS: tuple[tuple[str, type], ...] = (
 """OrchWeave's flag groups besides the encoders' (those are :class:`EncoderArgs` per encoder)."""
 
 
+def data_source(args: Any) -> "DataSourceConfig | None":
+    """The real-data flags of parsed arguments, or None without ``--data-path``."""
+    paths = getattr(args, "data_path", None)
+    if not paths:
+        return None
+    return DataSourceConfig(
+        paths[0] if isinstance(paths, list) else paths,
+        args.num_workers,
+        args.tokenizer_type,
+        args.tokenizer_model,
+    )
+
+
 def config_from_args(cls: type, args: Any, prefix: str = "", **overrides: Any):
     """Instantiate config dataclass ``cls`` from parsed arguments carrying its field names.
 
@@ -278,6 +298,24 @@ def config_from_args(cls: type, args: Any, prefix: str = "", **overrides: Any):
     key = (lambda n: f"{prefix}_{n}") if prefix else (lambda n: n)
     kwargs = {n: getattr(args, key(n)) for n in names if hasattr(args, key(n))}
     return cls(**{**kwargs, **overrides})
+
+
+@dataclass(frozen=True)
+class DataSourceConfig:
+    """Real data: Megatron's own flags (--data-path, --num-workers, --tokenizer-*), not a group
+    of ours."""
+
+    data_path: str
+    """The Energon dataset directory."""
+
+    num_workers: int
+    """Threads that decode payloads (0: the main thread)."""
+
+    tokenizer_type: str | None
+    """``--tokenizer-type``."""
+
+    tokenizer_model: str | None
+    """``--tokenizer-model``: the tokenizer's local directory."""
 
 
 @dataclass(frozen=True)
@@ -354,6 +392,9 @@ class RunConfig:
 
     logging: LoggingConfig
     """Logs and metrics."""
+
+    data: DataSourceConfig | None = None
+    """Real data (``--data-path``), or None for the synthetic workload."""
 
     profiling: Any = None
     """``megatron.training.config.ProfilingConfig``: --profile, --use-pytorch-profiler,
@@ -447,5 +488,6 @@ class RunConfig:
             pipeline=config_from_args(PipelineConfig, args),
             logging=config_from_args(LoggingConfig, args),
             profiling=config_from_args(ProfilingConfig, args, use_nsys_profiler=args.profile),
+            data=data_source(args),
             args=args,
         )

@@ -48,6 +48,7 @@ from megatron.mllm.data import (  # noqa: E402
     SyntheticTask,
     check_stream_encoders,
 )
+from megatron.mllm.data_energon import stream_from_run  # noqa: E402
 from megatron.mllm.iteration_log import IterationLog  # noqa: E402
 from megatron.mllm.metrics import iteration_metrics  # noqa: E402
 from megatron.mllm.partitioning import partition_plan  # noqa: E402
@@ -179,9 +180,14 @@ class Trainer:
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.
-        stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
-        trained = run.training.train_iters * run.global_batch_size
-        check_stream_encoders(stream, tuple(run.encoders), min(trained, STREAM_CHECK_SAMPLES))
+        if run.data is not None:
+            # Real data: each rank reads only its own samples, so the loader checks each batch
+            # (and shares any rank's reading error) rather than every rank reading ahead here.
+            stream = stream_from_run(run)
+        else:
+            stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
+            trained = run.training.train_iters * run.global_batch_size
+            check_stream_encoders(stream, tuple(run.encoders), min(trained, STREAM_CHECK_SAMPLES))
         self.device = distributed.initialize_distributed(run)
         self.pg_collection = ProcessGroupCollection.use_mpu_process_groups()
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -251,17 +257,26 @@ class Trainer:
         self.step = build_step(
             run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers
         )
-        task = SyntheticTask(
-            vocab_size=run.vocab_size,
-            num_classes=w.synthetic_num_classes,
-            input_dims={name: enc.input_dim for name, enc in self.mllm.encoders.items()},
-            seed=w.workload_seed,
-        )
+        share_errors = None
+        if run.data is not None:
+            task = stream
+
+            def share_errors(problem):
+                return next((p for p in distributed.all_gather_objects(problem) if p), None)
+
+        else:
+            task = SyntheticTask(
+                vocab_size=run.vocab_size,
+                num_classes=w.synthetic_num_classes,
+                input_dims={name: enc.input_dim for name, enc in self.mllm.encoders.items()},
+                seed=w.workload_seed,
+            )
         self.loader = BatchLoader(
             stream, task, dispatcher, run.micro_batch_size, run.num_microbatches,
             run.seq_length, with_features=self.model.holds_encoder_inputs,
             encoders=tuple(self.mllm.encoders), timers=self.timers,
             lookahead=self.step.plans_ahead, train_iters=run.training.train_iters,
+            share_errors=share_errors,
         )  # fmt: skip
         self.iteration = 0
         self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)
@@ -442,11 +457,17 @@ class Trainer:
         p = run.parallel
         params = sum(x.numel() for x in self.model.parameters())
         w = run.workload
+        data = f"workload {w.workload} (token scale {w.workload_token_scale})"
+        if run.data is not None:
+            data = (
+                f"data {run.data.data_path} ({len(self.loader.stream)} samples, Energon, "
+                f"{run.data.num_workers} decode workers)"
+            )
         print(
             f"> OrchWeave: TP={p.tensor} PP={p.pipeline} DP={self.dp_size} | "
             f"{self.step.describe()} | {self.model.describe()} | {run.num_microbatches} "
-            f"microbatches of {run.micro_batch_size} samples per rank | workload {w.workload} "
-            f"(token scale {w.workload_token_scale}) | parameters on rank 0: {params}",
+            f"microbatches of {run.micro_batch_size} samples per rank | {data} | parameters on rank "
+            f"0: {params}",
             flush=True,
         )
         if self.partition is not None:

@@ -1,0 +1,92 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Scan an Energon dataset: its per-sample metadata as JSONL, and its workload statistics.
+
+Usage (from the repository root)::
+
+    python tools/scan_dataset.py DIR [--output PATH] [--tokenizer-model TOK_DIR]
+        [--image-tile-size T] [--image-max-tiles N] [--vision-patch-size P]
+        [--audio-feature-dim D] [--json]
+
+Every sample's metadata is computed as the trainer computes it with the same flags: text
+tokens from the tokenizer, image and audio token counts from the media *headers* (nothing is
+decoded). The JSONL (default ``DIR/metadata.jsonl``) is the form ``--workload`` reads, in
+dataset order, with ``shard/key`` ids, so the data's imbalance can be looked at with
+``tools/balance_report.py`` and SEMU before training. The report printed is
+``tools/workload.py``'s on that file. Errors print one ``error:`` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+from megatron.mllm.cli.args import ToolParser, number, report_error
+from orchestration.workload import WorkloadError, write_jsonl
+from orchestration.workload_report import format_report, workload_report
+from orchestration.workload_spec import SampleStream
+
+
+def build_parser() -> ToolParser:
+    """The command-line interface of this tool."""
+    p = ToolParser(description="Write an Energon dataset's sample metadata as JSONL and report it.")
+    p.add_argument("directory", metavar="DIR", help="the Energon dataset (--data-path)")
+    p.add_argument("--output", metavar="PATH", help="the JSONL (default DIR/metadata.jsonl)")
+    p.add_argument(
+        "--tokenizer-model", metavar="TOK_DIR", help="tokenizer directory (default DIR/tokenizer)"
+    )
+    p.add_argument("--image-tile-size", type=number(int), default=448, help="default 448")
+    p.add_argument("--image-max-tiles", type=number(int), default=6, help="default 6")
+    p.add_argument("--vision-patch-size", type=number(int), default=14, help="default 14")
+    p.add_argument("--audio-feature-dim", type=number(int), default=128, help="default 128")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    return p
+
+
+def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch: int, mels: int):
+    """The metadata of every sample of the dataset at ``directory``, in dataset order.
+
+    Raises:
+        ConfigError: a bad tokenizer or tiling, or not an Energon dataset.
+        WorkloadError: an empty dataset, or a sample that cannot be read (naming it).
+    """
+    from megatron.mllm.data_energon import EnergonStream
+    from megatron.mllm.preprocess import AudioFeatures, ImageTiling
+    from megatron.mllm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("HuggingFaceTokenizer", tokenizer_model)
+    try:
+        tiling = ImageTiling(tile, patch, max_tiles)
+    except ValueError as e:
+        raise WorkloadError(str(e)) from e
+    stream = EnergonStream(directory, tokenizer, tiling, AudioFeatures(mels), seed=0)
+    return [stream.sample_meta(stream.read(i)) for i in range(len(stream))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the tool; returns the exit status (2 on a user error)."""
+    from megatron.mllm.arguments import ConfigError
+
+    args = build_parser().parse_args(argv)
+    output = args.output or os.path.join(args.directory, "metadata.jsonl")
+    tok = args.tokenizer_model or os.path.join(args.directory, "tokenizer")
+    try:
+        metas = scan(
+            args.directory, tok, args.image_tile_size, args.image_max_tiles,
+            args.vision_patch_size, args.audio_feature_dim,
+        )  # fmt: skip
+        try:
+            with open(output, "w", encoding="utf-8") as f:
+                write_jsonl(metas, f)
+        except OSError as e:
+            raise WorkloadError(f"cannot write {output}: {e.strerror}") from e
+        report = workload_report(SampleStream(output), output, None)
+    except (ConfigError, WorkloadError) as e:
+        return report_error(str(e))
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=1, allow_nan=False) + "\n")
+    else:
+        sys.stdout.write(f"wrote {len(metas)} samples to {output}\n" + format_report(report))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,186 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""A small, real multimodal Energon dataset built from nothing but installed packages.
+
+``make demo-data`` (``tools/make_demo_data.py``) writes WebDataset shards of mixed samples,
+prepares them as Energon's ``energon prepare`` would (``.nv-meta/`` with the shard counts, the
+split, the tar indices and ``index.sqlite``, done through Energon's own preparator), and trains
+a small byte-level BPE tokenizer on the captions into ``DIR/tokenizer``:
+
+- image-text (captioning): a digit drawn as a seven-segment figure with Pillow, of random size,
+  aspect ratio and colours, saved as PNG, captioned from its label;
+- audio-text: a tone whose pitch and glide encode the label, synthesised with numpy and written
+  with soundfile (FLAC or WAV, at 8, 16 or 22.05 kHz), captioned from its label.
+
+Every sample is one ``json`` part (its type, label and caption) plus its ``png`` or ``flac`` /
+``wav`` part. Everything is drawn from one seed: the same arguments give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from megatron.mllm.tokenizer import train_tokenizer
+
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+"""Label names, for the captions."""
+
+_SEGMENTS = {  # which of the segments a..g each digit lights (a top, clockwise, g middle)
+    0: "abcdef", 1: "bc", 2: "abdeg", 3: "abcdg", 4: "bcfg",
+    5: "acdfg", 6: "acdefg", 7: "abc", 8: "abcdefg", 9: "abcdfg",
+}  # fmt: skip
+
+IMAGE_CAPTIONS = (
+    "a drawing of the digit {name}",
+    "the number {name} painted on a plain background",
+    "a picture showing {name}",
+)
+"""Caption templates of image samples."""
+
+AUDIO_CAPTIONS = ("a tone that says {name}", "the sound of the number {name}")
+"""Caption templates of audio samples."""
+
+TOKENIZER_DIR = "tokenizer"
+"""Where, under the dataset directory, the tokenizer goes."""
+
+
+@dataclass(frozen=True)
+class DemoSpec:
+    """What the demo dataset holds."""
+
+    num_samples: int = 320
+    """Samples in all."""
+
+    num_shards: int = 4
+    """WebDataset shards (samples are dealt out in order)."""
+
+    audio_fraction: float = 0.4
+    """Share of audio-text samples; the rest are image-text."""
+
+    seed: int = 1234
+    """Seed of every drawn value."""
+
+    vocab_size: int = 384
+    """Tokenizer vocabulary (special tokens and the 256 bytes included)."""
+
+    max_image_side: int = 96
+    """Largest image side in pixels (the smallest is 16)."""
+
+    max_audio_seconds: float = 2.0
+    """Longest clip (the shortest is 0.25 s)."""
+
+
+def draw_digit(label: int, width: int, height: int, rng: np.random.Generator) -> bytes:
+    """A PNG of ``label`` as a seven-segment figure filling a ``width x height`` image."""
+    from PIL import Image, ImageDraw
+
+    bg = tuple(int(v) for v in rng.integers(0, 96, 3))
+    fg = tuple(int(v) for v in rng.integers(160, 256, 3))
+    img = Image.new("RGB", (width, height), bg)
+    draw = ImageDraw.Draw(img)
+    x0, x1 = 0.2 * width, 0.8 * width
+    y0, ym, y1 = 0.1 * height, 0.5 * height, 0.9 * height
+    lines = {
+        "a": ((x0, y0), (x1, y0)), "b": ((x1, y0), (x1, ym)), "c": ((x1, ym), (x1, y1)),
+        "d": ((x0, y1), (x1, y1)), "e": ((x0, ym), (x0, y1)), "f": ((x0, y0), (x0, ym)),
+        "g": ((x0, ym), (x1, ym)),
+    }  # fmt: skip
+    stroke = max(1, min(width, height) // 8)
+    for seg in _SEGMENTS[label]:
+        draw.line(lines[seg], fill=fg, width=stroke)
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
+
+
+def synth_tone(
+    label: int, seconds: float, sample_rate: int, fmt: str, rng: np.random.Generator
+) -> bytes:
+    """A clip whose pitch (and upward glide) encode ``label``, encoded as ``fmt``."""
+    import soundfile
+
+    n = max(1, int(seconds * sample_rate))
+    t = np.arange(n) / sample_rate
+    f0 = 200.0 * 2 ** (label / 6)
+    glide = 1.0 + 0.3 * (label % 3)
+    phase = 2 * np.pi * f0 * (t + (glide - 1) * t**2 / (2 * max(seconds, 1e-3)))
+    wave = 0.5 * np.sin(phase) + 0.02 * rng.standard_normal(n)
+    out = io.BytesIO()
+    soundfile.write(out, wave.astype(np.float32), sample_rate, format=fmt.upper())
+    return out.getvalue()
+
+
+def demo_samples(spec: DemoSpec) -> list[dict]:
+    """The WebDataset samples of ``spec``: ``__key__``, ``json`` and one media part each."""
+    rng = np.random.default_rng(spec.seed)
+    samples = []
+    for i in range(spec.num_samples):
+        label = int(rng.integers(0, 10))
+        name = DIGIT_NAMES[label]
+        key = f"{i:06d}"
+        if rng.random() < spec.audio_fraction:
+            seconds = float(rng.uniform(0.25, spec.max_audio_seconds))
+            rate = int(rng.choice([8000, 16000, 22050]))
+            fmt = "flac" if rng.random() < 0.7 else "wav"
+            caption = AUDIO_CAPTIONS[int(rng.integers(len(AUDIO_CAPTIONS)))].format(name=name)
+            media = {fmt: synth_tone(label, seconds, rate, fmt, rng)}
+            kind = "audio_caption"
+        else:
+            w, h = (int(v) for v in rng.integers(16, spec.max_image_side + 1, 2))
+            caption = IMAGE_CAPTIONS[int(rng.integers(len(IMAGE_CAPTIONS)))].format(name=name)
+            media = {"png": draw_digit(label, w, h, rng)}
+            kind = "caption"
+        info = {"type": kind, "label": label, "caption": caption}
+        samples.append({"__key__": key, "json": json.dumps(info).encode(), **media})
+    return samples
+
+
+def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) -> list[str]:
+    """Write ``samples`` as WebDataset shards under ``directory`` and prepare them for Energon
+    (``.nv-meta/``: shard counts, a single ``train`` split, tar indices, ``dataset.yaml``).
+
+    Returns:
+        The shard file names, in order.
+    """
+    import webdataset
+
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.prepare import WebdatasetPreparator
+
+    os.makedirs(directory, exist_ok=True)
+    num_shards = max(1, min(num_shards, len(samples)))
+    per_shard = -(-len(samples) // num_shards) if samples else 0
+    names = []
+    for s in range(num_shards):
+        name = f"shard-{s:06d}.tar"
+        names.append(name)
+        with webdataset.TarWriter(os.path.join(directory, name)) as writer:
+            for sample in samples[s * per_shard : (s + 1) * per_shard]:
+                writer.write(sample)
+    WebdatasetPreparator.prepare_dataset(
+        EPath(directory), names, split_parts_ratio=[("train", 1.0)], shuffle_seed=None, workers=1
+    )
+    # Mixed sample types: Energon reads them as a crude dataset (a cooker per type).
+    with open(os.path.join(directory, ".nv-meta", "dataset.yaml"), "w", encoding="utf-8") as f:
+        f.write("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
+        f.write("subflavors:\n  source: orchweave-demo\n")
+    return names
+
+
+def build_demo_dataset(directory: str, spec: DemoSpec = DemoSpec()) -> str:
+    """Build the demo dataset and its tokenizer under ``directory``.
+
+    Returns:
+        The tokenizer directory (``--tokenizer-model``).
+    """
+    samples = demo_samples(spec)
+    write_energon_dataset(directory, samples, spec.num_shards)
+    captions = [json.loads(s["json"])["caption"] for s in samples]
+    corpus = captions + [name for name in DIGIT_NAMES] + list(IMAGE_CAPTIONS + AUDIO_CAPTIONS)
+    tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
+    train_tokenizer(corpus, tokenizer_dir, spec.vocab_size)
+    return tokenizer_dir
