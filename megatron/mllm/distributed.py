@@ -93,6 +93,21 @@ def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     return out
 
 
+def broadcast_from_first(tensor: torch.Tensor, group) -> torch.Tensor:
+    """``tensor`` of ``group``'s first rank on every rank of ``group``, in place (the searched
+    pipeline's schedule, sent by each pipeline's first stage)."""
+    dist.broadcast(tensor, dist.get_global_rank(group, 0), group=group)
+    return tensor
+
+
+def broadcast_object_from_first(obj, group):
+    """``obj`` (picklable) of ``group``'s first rank, on every rank of ``group`` (a planner's
+    error message, so that every stage stops with it)."""
+    box = [obj]
+    dist.broadcast_object_list(box, dist.get_global_rank(group, 0), group=group)
+    return box[0]
+
+
 def all_gather_objects(obj) -> list:
     """Every rank's ``obj`` (picklable), in global rank order (the timers' per-iteration
     gather)."""

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.mllm import distributed
 from orchestration.metadata import PlanError
 from pipeweaver.dataflow import MicrobatchStructure, all_computes
 from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
@@ -234,7 +235,6 @@ class SearchedSchedules:
         self.timeout_s = timeout_s
         self.to_semu = next_microbatches
         self.stage = dist.get_rank(pp_group)
-        self.root = dist.get_global_rank(pp_group, 0)
         self.ahead_requested = ahead
         """Whether the run searches ahead (the loader then looks ahead on every stage)."""
         self.ahead = ahead and self.stage == 0
@@ -274,12 +274,11 @@ class SearchedSchedules:
             buf = torch.zeros(n, dtype=torch.int64, device=self.device)
         if buf.numel() != n:
             raise ScheduleError(f"the planner sent {buf.numel()} words, this stage expects {n}")
-        dist.broadcast(buf, self.root, group=self.pp_group)
+        distributed.broadcast_from_first(buf, self.pp_group)
         if int(buf[0]) < 0:
             # Every stage stops with the planner's reason, not only the planner.
-            message = [failure]
-            dist.broadcast_object_list(message, self.root, group=self.pp_group)
-            raise PlanError(f"the pipeline schedule of this batch{self.limit_note}: {message[0]}")
+            message = distributed.broadcast_object_from_first(failure, self.pp_group)
+            raise PlanError(f"the pipeline schedule of this batch{self.limit_note}: {message}")
         schedule, self.last = decode(buf.cpu().numpy(), placement, structure)
         self._submit_next(placement)
         return schedule
