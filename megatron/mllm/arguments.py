@@ -449,7 +449,7 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name}-chunks-per-stage must be >= 1 or auto")
     if args.encoder_sub_microbatch_tokens < 0:
         raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
-    if args.schedule_search_budget_ms < 0:
+    if args.schedule_search_budget_ms is not None and args.schedule_search_budget_ms < 0:
         raise ConfigError("--schedule-search-budget-ms must be >= 0 (0: the greedy order)")
     if args.schedule_search_rollouts < 1:
         raise ConfigError("--schedule-search-rollouts must be >= 1")

@@ -199,11 +199,14 @@ class PipelineConfig:
     """Runtime schedules: recompute every chunk's forward in its backward (activation
     checkpointing per stage)."""
 
-    schedule_search_budget_ms: float = 200.0
+    schedule_search_budget_ms: float | None = None
     """dynamic: milliseconds the hierarchical schedule search (MCTS over segment priorities,
     each rollout ordered greedily and scored by SEMU) may spend on one batch, one batch ahead;
     a search that has not finished when its step starts leaves that step to the greedy order.
-    0 keeps the greedy dual-queue order and searches nothing."""
+    0 keeps the greedy dual-queue order and searches nothing. Default: 200 where the search has
+    a CPU core of its own (a GPU run, or a host with more cores than its ranks' threads) or a
+    memory limit needs it, else 0: on a host whose cores all compute, the search would take
+    its time from the step."""
 
     schedule_search_rollouts: int = 48
     """dynamic: rollouts of the schedule search per batch (with the run's seed this fixes the

@@ -147,12 +147,12 @@ def test_the_equivalence_runs_memory_limit_makes_the_search_recompute():
     from equivalence import TINY
 
     from megatron.mllm.config_files import run_from_flags
-    from megatron.mllm.steps.schedule_ahead import TrainerSearch
+    from megatron.mllm.steps.schedule_ahead import TrainerSearch, search_budget_ms
     from pipeweaver.semu.scenario import build_step
 
     limit = forcing_memory_limit_gb()
     loaded = run_from_flags([*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}"], 2)
-    search = TrainerSearch(loaded.run, loaded.model, 2, None)
+    search = TrainerSearch(loaded.run, loaded.model, 2, None, search_budget_ms(loaded.run)[0])
     schedules, mbs, _ = build_step(
         loaded.semu, search.semu.cluster, schedule="dynamic", pad=False, iteration=0
     )
@@ -164,3 +164,27 @@ def test_the_equivalence_runs_memory_limit_makes_the_search_recompute():
     assert not all(a.memory is Memory.RECOMPUTE for a in forwards)
     kept = search.semu.activation_bytes(placement, mbs[0])
     check(outcome.schedule, memory_cap=search.limits(placement), activation_bytes=kept)
+
+
+def test_the_search_runs_by_default_only_where_it_has_a_core_of_its_own(monkeypatch):
+    """On a host whose cores all compute, the pure-Python search would take its time from the
+    step: by default it is off there (and on with a spare core, a GPU, or a memory limit)."""
+    from equivalence import TINY
+
+    from megatron.mllm.config_files import run_from_flags
+    from megatron.mllm.steps import schedule_ahead
+
+    def budget(flags, cores, ranks="2", threads=1):
+        monkeypatch.setattr(schedule_ahead.os, "sched_getaffinity", lambda _: set(range(cores)))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+        monkeypatch.setattr(schedule_ahead.torch, "get_num_threads", lambda: threads)
+        monkeypatch.setattr(schedule_ahead.torch.cuda, "is_available", lambda: False)
+        run = run_from_flags([*TINY, "--pipeline-model-parallel-size", "2",
+                              "--pipeline-schedule", "dynamic", *flags], 2).run  # fmt: skip
+        return schedule_ahead.search_budget_ms(run)
+
+    assert budget([], cores=2)[0] == 0 and "no spare CPU core" in budget([], cores=2)[1]
+    assert budget([], cores=4)[0] == schedule_ahead.DEFAULT_BUDGET_MS
+    assert budget([], cores=4, threads=2)[0] == 0
+    assert budget(["--schedule-search-budget-ms", "50"], cores=2)[0] == 50
+    assert budget(["--pipeline-memory-limit-gb", "1"], cores=2)[0] > 0

@@ -23,7 +23,7 @@ from cpu_runs import run_main_job
 SCHEDULES = {
     "1f1b": ["--pipeline-schedule", "1f1b"],
     "dynamic": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
-    "searched": ["--pipeline-schedule", "dynamic"],
+    "searched": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"],
 }
 """``dynamic`` is the greedy order; ``searched`` adds the schedule search."""
 

@@ -37,7 +37,7 @@ from megatron.mllm.pipeline import (
 from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
-from megatron.mllm.steps.schedule_ahead import SearchedSchedules, TrainerSearch
+from megatron.mllm.steps.schedule_ahead import SearchedSchedules, TrainerSearch, search_budget_ms
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
@@ -126,10 +126,14 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
     sub_tokens = run.pipeline.encoder_sub_microbatch_tokens or None
     sub_units = sub_microbatch_units(run, getattr(model, "partition", None))
     schedule_fn = schedule_function(name, mllm.shape(), memory)
-    searched = None
-    if name == "dynamic" and run.pipeline.schedule_search_budget_ms > 0:
-        searched = _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units)
-        schedule_fn = searched
+    searched, why = None, ""
+    if name == "dynamic":
+        budget, why = search_budget_ms(run)
+        if budget > 0:
+            searched = _searched_schedules(
+                run, mllm, pg_collection, device, sub_tokens, sub_units, budget
+            )
+            schedule_fn = searched
     runtime = PipelineRuntime(
         model.placement,
         model.chunk_module,
@@ -149,17 +153,19 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
 
     schedule = f"{name} (OrchWeave runtime, {chunks})"
     if searched is not None:
-        p = run.pipeline
         schedule += (
-            f", searched: {p.schedule_search_rollouts} rollouts within "
-            f"{p.schedule_search_budget_ms:g} ms per batch"
+            f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
+            f"{searched.search.budget_ms:g} ms per batch"
             + (", one batch ahead" if searched.ahead_requested else ", in the step")
+            + f" ({why})"
         )
+    elif name == "dynamic":
+        schedule += f", greedy order ({why})"
     return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime,
                       schedules=searched)  # fmt: skip
 
 
-def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units):
+def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units, budget_ms):
     """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
     calibration = None
@@ -167,7 +173,7 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units)
         # Scaled to this host as the trainer's other predictions are (the probe ran once).
         calibration = fit_to_host(Calibration.load(run.balance.cost_calibration),
                                   strict=run.balance.strict_calibration)  # fmt: skip
-    search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration)
+    search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration, budget_ms)
     encoders = list(mllm.encoders)
 
     def to_semu(samples):

@@ -31,6 +31,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -328,6 +329,38 @@ class SearchedSchedules:
         self._pending = None
 
 
+DEFAULT_BUDGET_MS = 200.0
+"""``--schedule-search-budget-ms`` where the search runs by default."""
+
+
+def search_budget_ms(run) -> tuple[float, str]:
+    """The run's search budget and why: ``--schedule-search-budget-ms`` when given; else
+    :data:`DEFAULT_BUDGET_MS` when the search has a CPU core the step does not use (a GPU run,
+    whose host mostly waits for kernels, or a host with more cores than its ranks' compute
+    threads) or a memory limit needs the search, else 0 (greedy).
+
+    The search is pure Python: on a host whose cores all compute (the CPU main job: 2 ranks
+    of 1 thread on 2 cores) it takes its time from the step, measured 10-50% slower there,
+    while SEMU predicts a few percent of gain at best.
+    """
+    given = run.pipeline.schedule_search_budget_ms
+    if given is not None:
+        return float(given), "--schedule-search-budget-ms"
+    if run.pipeline.pipeline_memory_limit_gb is not None:
+        return DEFAULT_BUDGET_MS, "the memory limit needs the search"
+    if torch.cuda.is_available():
+        return DEFAULT_BUDGET_MS, "a GPU run's host has time to search"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    busy = ranks * torch.get_num_threads()
+    if (cores or 1) > busy:
+        return DEFAULT_BUDGET_MS, f"{cores} cores, {busy} compute threads"
+    return 0.0, (
+        f"no spare CPU core for the search ({cores} cores, {ranks} ranks x "
+        f"{torch.get_num_threads()} threads); --schedule-search-budget-ms N searches anyway"
+    )
+
+
 class TrainerSearch:
     """The run's searcher (a :data:`SearchFn`) and its fallback, both bound to SEMU of this
     run's model, cluster and calibration (``--cost-calibration``).
@@ -338,16 +371,19 @@ class TrainerSearch:
     memory limit (``--pipeline-memory-limit-gb``, or a GPU's memory) phase 2 keeps every order
     within the limit as if every pair were recomputed, so that phase 3 can always fit it; phase
     3's ILP (``pipeweaver.search.memory_plan``) then chooses which pairs keep their activations,
-    once, on the best order and on greedy's (one ILP per rollout would leave the search a few
-    rollouts), and the faster of the two runs, so the search never loses to greedy.
+    once, on the best order (one ILP per rollout would leave the search a few rollouts). The
+    order the run has without the search (greedy on FLOP durations, within the limit) is
+    always scored too, and the faster of the two by SEMU runs: the search is never predicted
+    to lose to greedy.
     """
 
-    def __init__(self, run, mllm, world_size: int, calibration):
+    def __init__(self, run, mllm, world_size: int, calibration, budget_ms: float):
         """Args:
         run: the :class:`~megatron.mllm.run_config.RunConfig`.
         mllm: its model.
         world_size: processes of the run (SEMU's cluster).
         calibration: the run's :class:`~orchestration.calibration.Calibration`, or None.
+        budget_ms: the search's time budget per batch (:func:`search_budget_ms`).
         """
         from megatron.mllm.config_files import semu_model_spec
         from megatron.mllm.prediction import run_cluster
@@ -362,7 +398,7 @@ class TrainerSearch:
         self.shape = mllm.shape()
         p = run.pipeline
         self.rollouts = p.schedule_search_rollouts
-        self.budget_ms = p.schedule_search_budget_ms
+        self.budget_ms = budget_ms
         self.seed = run.seed
         self.memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
         self.limit_gb = p.pipeline_memory_limit_gb
@@ -409,26 +445,29 @@ class TrainerSearch:
             placement, structure, microbatches, None, rollouts=self.rollouts, seed=self.seed,
             budget_ms=self.budget_ms, evaluator=evaluator,
         )  # fmt: skip
-        best, best_s = result.schedule, result.step_time_s
-        greedy_s = result.greedy_step_time_s
+        best = result.schedule
         if limits is not None:
-            default = evaluator.schedule(evaluator.space.default())
-            greedy = self._fit(self.semu, default, placement, microbatches, limits)
             best = self._fit(self.semu, best, placement, microbatches, limits)
-            best_s, greedy_s = self._time(best, microbatches), self._time(greedy, microbatches)
-            if greedy_s <= best_s:
-                best, best_s = greedy, greedy_s
+        # The order the run would have without the search (FLOP durations) is a candidate
+        # too: the search starts from phase 2 on SEMU's durations, which SEMU may predict
+        # slower, and the step must never be predicted slower than without the search.
+        greedy = self._greedy(self.semu, placement, structure, microbatches)
+        best_s, greedy_s = self._time(best, microbatches), self._time(greedy, microbatches)
+        if greedy_s <= best_s:
+            best, best_s = greedy, greedy_s
         return SearchOutcome(best, result.rollouts, best_s, greedy_s,
                              time.perf_counter() - start)  # fmt: skip
 
     def fallback(self, placement: Placement, structure: MicrobatchStructure,
                  microbatches: Sequence[MicrobatchMeta]) -> Schedule:  # fmt: skip
         """The greedy order (FLOP durations, as without the search), within the memory limit
-        when there is one."""
+        when there is one; what a step whose search missed its deadline runs."""
+        return self._greedy(self.fallback_semu, placement, structure, microbatches)
+
+    def _greedy(self, semu, placement, structure, microbatches) -> Schedule:
         from pipeweaver.interleave import flops_durations, greedy_dual_queue
 
         limits = self.limits(placement)
-        semu = self.fallback_semu
         options = {} if limits is None else self._limited(semu, placement, microbatches, limits)
         durations = flops_durations(self.shape, placement, microbatches)
         schedule = greedy_dual_queue(placement, structure, durations, memory=self.memory,
