@@ -354,10 +354,10 @@ def search_budget_ms(run) -> tuple[float, str]:
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     busy = ranks * torch.get_num_threads()
     if (cores or 1) > busy:
-        return DEFAULT_BUDGET_MS, f"{cores} cores, {busy} compute threads"
+        return DEFAULT_BUDGET_MS, f"a spare core: {cores} cores, {busy} compute threads"
     return 0.0, (
         f"no spare CPU core for the search ({cores} cores, {ranks} ranks x "
-        f"{torch.get_num_threads()} threads); --schedule-search-budget-ms N searches anyway"
+        f"{torch.get_num_threads()} thread(s)): --schedule-search-budget-ms N searches anyway"
     )
 
 
