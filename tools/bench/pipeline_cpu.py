@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -56,11 +57,25 @@ VARIANTS = {
     "greedy": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
     # Forced: by default the search is off on a host without a spare core, as here.
     "searched": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"],
+    # The search in the step: its time is the timers' `schedule`, so the step minus it is what
+    # the searched schedule costs to run (what a host with a spare core would pay).
+    "in-step": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
+                "--no-plan-ahead"],  # fmt: skip
 }
+DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched")
 
 
 def _median_ms(records: list[dict], warmup: int) -> float:
     return 1000 * statistics.median(r["iteration_time_s"] for r in records[warmup:])
+
+
+def _run_ms(records: list[dict], warmup: int) -> float:
+    """Median iteration time minus the step's scheduling (the timers' ``schedule``, slowest
+    rank): the time the schedule itself took to run."""
+    return 1000 * statistics.median(
+        r["iteration_time_s"] - max(r.get("timers", {}).get("seconds", {}).get("schedule", [0.0]))
+        for r in records[warmup:]
+    )
 
 
 def _predicted_ms(records: list[dict], warmup: int) -> float | None:
@@ -106,15 +121,18 @@ def main() -> None:
     )
     parser.add_argument("--variants", nargs="*", default=None, help="subset to run")
     args = parser.parse_args(argv)
+    # Every run scores its schedules with the same calibration: the host probe rescales a
+    # calibration by the host's speed at each run's start-up, which drifts with the load, and
+    # would make the runs' SEMU ratios compare different calibrations.
+    os.environ.setdefault("ORCHWEAVE_CALIBRATION_PROBE", "0")
     if args.rounds < 3:
         sys.exit("error: --rounds must be >= 3 (one round says nothing on a drifting host)")
     common = [*COMMON, "--workload", args.workload, *extra]
     common += ["--timing-log-level", "1", "--step-prediction"]
     if args.calibration:
         common += ["--cost-calibration", args.calibration]
-    variants = dict(VARIANTS)
-    if args.variants:
-        variants = {k: v for k, v in variants.items() if k in args.variants}
+    wanted = args.variants or DEFAULT_VARIANTS
+    variants = {k: v for k, v in VARIANTS.items() if k in wanted}
     if args.memory_limit:
         variants["recompute"] = [*VARIANTS["greedy"], "--pipeline-recompute", "all"]
         limit = memory_limit_gb(args.memory_limit, args.workload, args.iters, args.calibration)
@@ -124,6 +142,7 @@ def main() -> None:
     if "greedy" not in variants:
         sys.exit("error: --variants must include greedy (the reference of the ratios)")
     times: dict[str, list[float]] = {k: [] for k in variants}
+    run_ms: dict[str, list[float]] = {k: [] for k in variants}
     searches: dict[str, list[dict]] = {k: [] for k in variants}
     predicted: dict[str, list[float]] = {k: [] for k in variants}
     losses: dict[str, list[float]] = {}
@@ -131,6 +150,7 @@ def main() -> None:
         for name, flags in variants.items():
             records = run_main_job(name, [*common, *flags], args.iters)
             times[name].append(_median_ms(records, args.warmup))
+            run_ms[name].append(_run_ms(records, args.warmup))
             p = _predicted_ms(records, args.warmup)
             if p is not None:
                 predicted[name].append(p)
@@ -147,7 +167,7 @@ def main() -> None:
         f"{args.iters} iterations ({args.warmup} warm-up); ratio = greedy's time / variant's"
     )
     print(f"{'variant':10s} {'median ms':>10s} {'ratio med':>10s} {'min':>7s} {'max':>7s} "
-          f"{'SEMU ratio':>11s}")  # fmt: skip
+          f"{'SEMU ratio':>11s} {'run ms':>8s} {'run ratio':>10s}")  # fmt: skip
     summary = {}
     for name in variants:
         ratios = [g / t for g, t in zip(times["greedy"], times[name])]
@@ -157,13 +177,17 @@ def main() -> None:
                 f"{statistics.median(predicted['greedy']) / statistics.median(predicted[name]):.3f}"
             )
         summary[name] = statistics.median(ratios)
+        runs = [g / t for g, t in zip(run_ms["greedy"], run_ms[name])]
         print(
             f"{name:10s} {statistics.median(times[name]):10.1f} {summary[name]:10.3f} "
-            f"{min(ratios):7.3f} {max(ratios):7.3f} {semu:>11s}"
+            f"{min(ratios):7.3f} {max(ratios):7.3f} {semu:>11s} "
+            f"{statistics.median(run_ms[name]):8.1f} {statistics.median(runs):10.3f}"
         )
     base = losses["greedy"]
     deviation = max(abs(a - b) / abs(a) for seq in losses.values() for a, b in zip(base, seq))
     print(f"largest relative loss difference between the variants: {deviation:.2e}")
+    print("run ms: the iteration minus its scheduling (the timers' `schedule`; the search's time "
+          "for in-step), the ratio median over the rounds")  # fmt: skip
     for name, found in searches.items():
         if not found:
             continue
