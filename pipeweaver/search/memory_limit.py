@@ -31,6 +31,24 @@ def static_total(static: float | Mapping[str, float]) -> float:
     return float(static)
 
 
+def headroom_limit_gb(
+    fraction: float,
+    static_bytes_per_rank: Sequence[float | Mapping[str, float]],
+    peak_activation_bytes: Sequence[float],
+) -> float:
+    """A ``--pipeline-memory-limit-gb`` (GiB per device) that leaves ``fraction`` of a step's
+    peak activations (the busiest rank's) above the largest static bytes: a limit that makes
+    the search recompute, for tests and benchmarks of the memory plan.
+
+    Args:
+        fraction: share of the peak activations left under the limit.
+        static_bytes_per_rank: numbers, or the dicts of ``Semu.static_bytes``.
+        peak_activation_bytes: per rank, e.g. ``StepPrediction.peak_activation_bytes``.
+    """
+    static = max(static_total(s) for s in static_bytes_per_rank)
+    return (static + fraction * max(peak_activation_bytes)) / GIB
+
+
 def memory_limit_bytes(
     device_bytes: float | None,
     static_bytes_per_rank: Sequence[float | Mapping[str, float]],

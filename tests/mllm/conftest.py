@@ -22,6 +22,7 @@ def forcing_memory_limit_gb() -> float:
     the search must recompute pairs to fit (``test_schedule_ahead`` checks that it does)."""
     from megatron.mllm.config_files import run_from_flags
     from megatron.mllm.prediction import run_cluster
+    from pipeweaver.search.memory_limit import headroom_limit_gb
     from pipeweaver.semu.scenario import build_step
     from pipeweaver.semu.simulator import Semu
 
@@ -29,10 +30,7 @@ def forcing_memory_limit_gb() -> float:
     cluster = run_cluster(2, 2)
     schedules, mbs, _ = build_step(spec, cluster, schedule="dynamic", pad=False, iteration=0)
     step = Semu(spec, cluster).simulate_step(schedules, mbs, record_events=False)
-    static = max(
-        sum(s[k] for k in ("weights", "gradients", "optimizer")) for s in step.static_bytes
-    )
-    return (static + 0.5 * max(step.peak_activation_bytes)) / 2**30
+    return headroom_limit_gb(0.5, step.static_bytes, step.peak_activation_bytes)
 
 
 @pytest.fixture(scope="session")

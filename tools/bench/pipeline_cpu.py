@@ -43,11 +43,11 @@ from cpu_runs import run_main_job
 from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import find_config, load_run_config, set_flags
 from orchestration.calibration import Calibration
+from pipeweaver.search.memory_limit import headroom_limit_gb
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
-GIB = 2**30
 SOURCES = ("searched", "missed", "in-step", "greedy")
 
 COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
@@ -92,14 +92,14 @@ def memory_limit_gb(fraction: float, workload: str, iters: int, calibration: str
     flags = set_flags({"pipeline-model-parallel-size": 2, "workload": workload})
     spec = load_run_config("cpu-main", flags, world_size=cluster.num_devices).semu
     semu = Semu(spec, cluster, Calibration.load(calibration) if calibration else None)
-    peak, static = 0.0, 0.0
-    for it in range(iters):
+    limit = 0.0
+    for it in range(iters):  # the static bytes are the same every iteration: the peak decides
         schedules, mbs, _ = build_step(spec, cluster, schedule="dynamic", pad=False, iteration=it)
         step = semu.simulate_step(schedules, mbs, record_events=False)
-        peak = max(peak, max(step.peak_activation_bytes))
-        static = max(static, max(sum(s[k] for k in ("weights", "gradients", "optimizer"))
-                                 for s in step.static_bytes))  # fmt: skip
-    return (static + fraction * peak) / GIB
+        limit = max(
+            limit, headroom_limit_gb(fraction, step.static_bytes, step.peak_activation_bytes)
+        )
+    return limit
 
 
 def main() -> None:
