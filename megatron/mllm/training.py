@@ -255,8 +255,9 @@ class Trainer:
             timers=self.timers,
         )
         self.step = build_step(
-            run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers
-        )
+            run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers,
+            self.calibration,
+        )  # fmt: skip
         share_errors = None
         if run.data is not None:
             task = stream

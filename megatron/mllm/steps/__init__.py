@@ -42,7 +42,6 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.host_probe import fit_to_host
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
@@ -73,24 +72,25 @@ def build_stage_model(
 
 
 def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
-               device: torch.device, timers: StepTimers = NULL_TIMERS) -> TrainingStep:  # fmt: skip
+               device: torch.device, timers: StepTimers = NULL_TIMERS,
+               calibration: Calibration | None = None) -> TrainingStep:  # fmt: skip
     """The run's training step, for the (unwrapped) stage model built by
-    :func:`build_stage_model`; it reports its time to ``timers``."""
-    step = _balanced(run, mllm, model, pg_collection, dispatcher, device)
+    :func:`build_stage_model`; it reports its time to ``timers``. ``calibration`` is
+    ``--cost-calibration`` as the trainer fitted it to this host (the balancer's costs and the
+    schedule search's SEMU both use it)."""
+    step = _balanced(run, mllm, model, pg_collection, dispatcher, device, calibration)
     step.timers = timers
     if isinstance(step, SampleBalancedStep):
         step.engine.timers = timers
     return step
 
 
-def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device) -> TrainingStep:
+def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device,
+              calibration) -> TrainingStep:  # fmt: skip
     """The engine alone, or the balancing step for the layout."""
-    engine = _engine(run, mllm, model, pg_collection, device)
+    engine = _engine(run, mllm, model, pg_collection, device, calibration)
     if run.balance.post_balance == "none":
         return engine
-    calibration = None
-    if run.balance.cost_calibration:
-        calibration = Calibration.load(run.balance.cost_calibration)
     cost_model = CostModel.build(mllm.shape(), calibration)
     if run.parallel.pipeline == 1:
         return PhaseBalancedStep(run, mllm, dispatcher, cost_model, pg_collection, device)
@@ -106,7 +106,7 @@ def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device) 
     )
 
 
-def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
+def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration) -> PackedStep:
     """The pipeline engine: megatron-core's schedules, or OrchWeave's runtime."""
     with_features = model.holds_encoder_inputs
     encoders = list(mllm.encoders)
@@ -131,7 +131,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
         budget, why = search_budget_ms(run)
         if budget > 0:
             searched = _searched_schedules(
-                run, mllm, pg_collection, device, sub_tokens, sub_units, budget
+                run, mllm, pg_collection, device, sub_tokens, sub_units, budget, calibration
             )
             schedule_fn = searched
     runtime = PipelineRuntime(
@@ -165,14 +165,10 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device) -> PackedStep:
                       schedules=searched)  # fmt: skip
 
 
-def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units, budget_ms):
+def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units, budget_ms,
+                        calibration):  # fmt: skip
     """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
-    calibration = None
-    if run.balance.cost_calibration:
-        # Scaled to this host as the trainer's other predictions are (the probe ran once).
-        calibration = fit_to_host(Calibration.load(run.balance.cost_calibration),
-                                  strict=run.balance.strict_calibration)  # fmt: skip
     search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration, budget_ms)
     encoders = list(mllm.encoders)
 
