@@ -51,6 +51,7 @@ setup(
             "orchweave-balance-report = megatron.mllm.cli.balance_report:main",
             "orchweave-calibrate = megatron.mllm.cli.calibrate:main",
             "orchweave-explain-step = megatron.mllm.cli.explain_step:main",
+            "orchweave-plot-loss = megatron.mllm.cli.plot_loss:main",
         ]
     },
 )

@@ -14,7 +14,15 @@ import pytest
 from tqdm import tqdm
 
 from megatron.mllm import logs
-from megatron.mllm.cli import balance_report, calibrate, explain_step, progress, semu, workload
+from megatron.mllm.cli import (
+    balance_report,
+    calibrate,
+    explain_step,
+    plot_loss,
+    progress,
+    semu,
+    workload,
+)
 from megatron.mllm.cli.args import EXIT_ERROR, ToolParser, number
 
 
@@ -57,6 +65,7 @@ TOOLS = {
     "semu": semu.main,
     "calibrate": calibrate.main,
     "explain_step": explain_step.main,
+    "plot_loss": plot_loss.main,
 }
 SEMU = ["--model", "cpu-main", "--cluster", "cpu-2ranks"]
 PP2 = [*SEMU, "--set", "pipeline-model-parallel-size=2", "--schedule", "dataflow"]
@@ -124,6 +133,9 @@ BAD_INPUT = [
     ("explain_step", ["{huge_text}", "--skip", "-1"], r"argument --skip"),
     ("explain_step", ["{huge_text}", "--top", "x"], r"argument --top"),
     ("explain_step", ["{dir}/missing.jsonl"], r"cannot read .*missing.jsonl"),
+    ("plot_loss", ["{dir}/missing.jsonl", "--out", "{dir}/x.png"], r"missing.jsonl: no such file"),
+    ("plot_loss", ["{bad}", "--out", "{dir}/x.png"], r"bad.json:1: not a JSON record"),
+    ("plot_loss", ["{huge_text}", "--out", "{dir}/x.png"], r"huge_text.jsonl: no record with"),
 ]  # fmt: skip
 
 
@@ -212,3 +224,21 @@ def test_progress_echo_writes_the_same_bytes_with_a_bar(monkeypatch):
             progress.echo(f"line {i}", file=out)
         outputs.append(out.getvalue())
     assert outputs[0] == outputs[1] == "line 0\nline 1\nline 2\n"
+
+
+def test_plot_loss_draws_every_run_and_keeps_a_resumes_last_record(tmp_path, capsys):
+    from PIL import Image
+
+    first = tmp_path / "first.jsonl"
+    rows = [{"iteration": i, "lm_loss": 6.0 - i} for i in (1, 2, 3)] + [{"iteration": 2}]
+    # A resume from iteration 1 rewrites iteration 2 and 3: the later records win.
+    rows += [{"iteration": 2, "lm_loss": 4.5}, {"iteration": 3, "lm_loss": 3.5}]
+    first.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    assert plot_loss.read_losses(str(first)) == ([1, 2, 3], [5.0, 4.5, 3.5])
+    second = tmp_path / "second.jsonl"
+    second.write_text(json.dumps({"iteration": 7, "lm_loss": 1.25}) + "\n")
+    out = tmp_path / "loss.png"
+    assert plot_loss.main([str(first), f"other={second}", "--out", str(out)]) == 0
+    assert "2 run(s); loss 5.0000 at iteration 1, 1.2500 at 7" in capsys.readouterr().out
+    with Image.open(out) as png:
+        assert png.format == "PNG" and png.size[0] > 300
