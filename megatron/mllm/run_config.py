@@ -49,6 +49,12 @@ class WorkloadConfig:
     """Hidden classes of synthetic images/audio; the text after an item names its class, so the
     LM loss can only reach its floor by reading the encoders."""
 
+    overlong_samples: Literal["error", "truncate", "drop"] = "error"
+    """A sample longer than --seq-length: stop with an error naming it (error), cut its text
+    from the end, keeping its first and last token and every item whole (truncate), or skip it
+    (drop). An item that alone does not fit is always an error. The log line counts the
+    samples truncated or dropped over all data-parallel ranks."""
+
 
 @dataclass(kw_only=True)
 class EncoderArgs:
