@@ -30,6 +30,7 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
 from megatron.mllm.overlong import truncated_text_ids
 from megatron.mllm.preprocess import (
     AudioFeatures,
@@ -115,8 +116,8 @@ class EnergonStream:
     tokenizer: TextTokenizer
     """The text tokenizer."""
 
-    tiling: ImageTiling
-    """How images become vision units."""
+    tiling: ImageTiling | DynamicResolution
+    """How images become vision units (``--image-preprocess``)."""
 
     audio: AudioFeatures
     """How audio becomes audio units."""
@@ -277,7 +278,10 @@ def stream_from_run(run) -> EnergonStream:
             f"({tokenizer.vocab_size} in --tokenizer-model {d.tokenizer_model})"
         )
     try:
-        tiling = ImageTiling(mm.image_tile_size, mm.vision_patch_size, mm.image_max_tiles)
+        tiling = image_preprocessor(
+            mm.image_preprocess, mm.vision_patch_size, mm.image_tile_size, mm.image_max_tiles,
+            mm.min_pixels, mm.max_pixels,
+        )  # fmt: skip
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return EnergonStream(

@@ -94,6 +94,19 @@ class MultimodalConfig:
     image_max_tiles: int = 6
     """Real images: most tiles per image (the grid closest to its aspect ratio)."""
 
+    image_preprocess: Literal["tile", "dynamic"] = "tile"
+    """Real images: InternVL-style tiles (tile), or Qwen2-VL-style dynamic resolution (dynamic:
+    the image resized, aspect kept, to multiples of 2 x --vision-patch-size within
+    --min-pixels/--max-pixels, one vision-encoder unit of all its patches)."""
+
+    min_pixels: int = 3136
+    """--image-preprocess dynamic: smallest area (pixels) of a resized image (56 x 56,
+    Qwen2-VL's default)."""
+
+    max_pixels: int = 50176
+    """--image-preprocess dynamic: largest area (pixels) of a resized image (224 x 224, for the
+    CPU demo; Qwen2-VL's default is 28 x 28 x 1280)."""
+
 
 @dataclass(kw_only=True)
 class PostBalanceConfig:
