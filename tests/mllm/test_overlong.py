@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np
@@ -200,57 +199,3 @@ def test_decisions_and_counts_do_not_depend_on_dp_size_or_lookahead(stream, poli
             assert counts[0] == 0 and len(loaded) == 8 - counts[1]
     for world, lookahead in ((2, False), (2, True), (4, True)):
         assert _run(stream, world, policy, lookahead) == reference
-
-
-# Over a limit of 48: b, c, f, g and h are too long. With DP=2 and 2 samples per microbatch,
-# rank 1 loads [c, d] and [g, h] at iteration 0: drop leaves its second microbatch empty.
-OVERLONG_JSONL = """\
-{"id": "a", "text_tokens": 20, "image": [{"units": [32], "llm_tokens": 8}]}
-{"id": "b", "text_tokens": 60, "image": [{"units": [32], "llm_tokens": 8}]}
-{"id": "c", "text_tokens": 70}
-{"id": "d", "text_tokens": 12}
-{"id": "e", "text_tokens": 5, "image": [16], "audio": [{"units": [47, 47], "llm_tokens": 20}]}
-{"id": "f", "text_tokens": 50, "image": [{"units": [40], "llm_tokens": 10}]}
-{"id": "g", "text_tokens": 90}
-{"id": "h", "text_tokens": 64, "audio": [{"units": [30], "llm_tokens": 8}]}
-"""
-
-
-@pytest.mark.multiproc
-def test_truncate_and_drop_train_the_same_at_any_layout_and_log_their_counts(tmp_path):
-    from equivalence import TINY
-    from launch import REPO, check, torchrun
-
-    workload = tmp_path / "overlong.jsonl"
-    workload.write_text(OVERLONG_JSONL)
-    base = [*TINY, "--seq-length", "48", "--max-position-embeddings", "48", "--workload-token-scale", "1", "--workload",
-            str(workload), "--train-iters", "2", "--log-interval", "1"]  # fmt: skip
-    runs = {
-        "dp2-truncate": ["--overlong-samples", "truncate"],
-        "pp2-truncate": ["--overlong-samples", "truncate", "--pipeline-model-parallel-size", "2"],
-        "dp2-drop": ["--overlong-samples", "drop"],
-    }
-    args = [str(tmp_path)]
-    for name, flags in runs.items():
-        args += [name, *base, *flags, "---"]
-    proc = check(torchrun(2, REPO / "tests" / "mllm" / "overlong_worker.py", args, timeout=240))
-    got = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in runs}
-    # Each iteration's 8 samples: b, c, f, g, h are over the limit (5 of 8).
-    for name in runs:
-        done = [(t, d) for _, _, t, d in got[name]]
-        assert done == ([(5, 0)] * 2 if "truncate" in name else [(0, 5)] * 2), name
-    # DP=1 (PP=2) and DP=2 train the same batch: the same loss tokens, the same losses. Every
-    # iteration holds the 8 samples; a sample's loss tokens are its text but the first token:
-    # truncated to 48 - items, 19 + 39 + 47 + 11 + 4 + 37 + 47 + 39; dropped, a + d + e.
-    for (loss, tokens, *_), (loss1, tokens1, *_) in zip(got["dp2-truncate"], got["pp2-truncate"]):
-        assert tokens == tokens1 == 243 and loss == pytest.approx(loss1, rel=1e-5)
-    assert [tokens for _, tokens, *_ in got["dp2-drop"]] == [19 + 11 + 4] * 2
-    # The log line counts what was done, over both ranks.
-    logs = dict(part.split("\n", 1) for part in proc.stdout.split("== ")[1:])
-    for name in runs:
-        word = "truncated" if "truncate" in name else "dropped"
-        lines = [x for x in logs[name].splitlines() if x.startswith(" [") and "iteration" in x]
-        assert len(lines) == 2 and all(x.endswith(f" {word} samples: 5 |") for x in lines), (
-            name,
-            lines,
-        )
