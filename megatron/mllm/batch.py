@@ -225,6 +225,10 @@ def build_microbatch(
         ValueError: a payload disagrees with its metadata, a sample needs an encoder the model
             lacks, or the packed length exceeds ``pad_to``; the message names the sample.
     """
+    if not samples and pad_to is None:
+        # Every sample was dropped (--overlong-samples drop): one masked padding token keeps
+        # the microbatch, so each rank still runs its forward and backward (zero loss tokens).
+        pad_to = 1
     seq_lens: list[int] = []
     tokens, positions, labels, mask = [], [], [], []
     splice: dict[str, list[np.ndarray]] = {e: [] for e in encoders}

@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.overlong import FittedBatch, SequenceTooLongError, check_fits, fit_batch
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.dispatcher import Dispatcher
 from orchestration.metadata import GatheredMetadata, check_encoders
@@ -41,10 +42,6 @@ BOS_TOKEN = 1
 """Token that opens every sample."""
 
 _ENCODER_INDEX = {"vision": 0, "audio": 1}
-
-
-class SequenceTooLongError(ValueError):
-    """A sample does not fit the LLM's sequence length."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +170,13 @@ class GlobalBatch:
     """This rank's samples of the next iteration, in Megatron's microbatches (loaders that
     look ahead; the dynamic pipeline searches their schedule while this iteration runs)."""
 
+    truncated_samples: int = 0
+    """Samples of the whole batch (all DP ranks) whose text ``--overlong-samples truncate``
+    cut."""
+
+    dropped_samples: int = 0
+    """Samples of the whole batch (all DP ranks) that ``--overlong-samples drop`` skipped."""
+
     @property
     def samples(self) -> list[LoadedSample]:
         """This rank's samples, in loading order."""
@@ -242,6 +246,10 @@ class BatchLoader:
     sample that cannot be read stops every rank with its error instead of leaving the others
     waiting at the next collective; None where reading cannot fail (synthetic data)."""
 
+    overlong_samples: str = "error"
+    """``--overlong-samples``: what a sample longer than :attr:`seq_length` does (see
+    :mod:`megatron.mllm.overlong`)."""
+
     _ahead: tuple[int, list, GatheredMetadata] | None = field(default=None, init=False, repr=False)
 
     def load(self, iteration: int, control: np.ndarray | None = None) -> GlobalBatch:
@@ -254,7 +262,8 @@ class BatchLoader:
 
         Raises:
             SequenceTooLongError: on every rank, naming the first sample of any rank that does
-                not fit ``--seq-length``.
+                not fit ``--seq-length`` (``--overlong-samples error``), or that cannot be made
+                to fit (:func:`megatron.mllm.overlong.fit_batch`).
             WorkloadError: on every rank, naming the first sample with items for an encoder
                 the model lacks.
         """
@@ -277,15 +286,29 @@ class BatchLoader:
         self._ahead = None
         if iteration + 1 in by_iteration:
             self._ahead = (iteration + 1, metas_of[iteration + 1], by_iteration[iteration + 1])
-        next_metadata = self._ahead[2] if self._ahead is not None else None
-        next_own = None
+        next_metadata, next_own = None, None
         if self._ahead is not None:
-            next_own = [[meta for _, meta in mb] for mb in self._ahead[1]]
+            next_metas, next_metadata = self._ahead[1], self._ahead[2]
+            if self.overlong_samples != "error":
+                try:
+                    fitted = fit_batch(next_metadata, self.seq_length, self.overlong_samples)
+                    next_metas, next_metadata = (
+                        self._fitted_own(next_metas, fitted),
+                        fitted.metadata,
+                    )
+                except SequenceTooLongError:
+                    pass  # raised when it becomes the current iteration, as check_fits is
+            next_own = [[meta for _, meta in mb] for mb in next_metas]
         # The whole batch's metadata is checked before any payload is made: a bad sample then
         # stops every rank with the same error, and is never allocated. (The next iteration's
         # is checked when it becomes the current one.)
-        check_fits(metadata, self.seq_length)
+        fitted = None
+        if self.overlong_samples == "error":
+            check_fits(metadata, self.seq_length)
         check_encoders(metadata, self.encoders)
+        if self.overlong_samples != "error":
+            fitted = fit_batch(metadata, self.seq_length, self.overlong_samples)
+            metas, metadata = self._fitted_own(metas, fitted), fitted.metadata
         with self.timers.span("payloads"):
             pairs = [pair for mb in metas for pair in mb]
             made = iter(self._shared(lambda: self._payloads(pairs)))
@@ -297,7 +320,20 @@ class BatchLoader:
             next_metadata,
             None if control is None else controls,
             next_own,
+            0 if fitted is None else fitted.truncated,
+            0 if fitted is None else fitted.dropped,
         )
+
+    def _fitted_own(self, metas: list[list[tuple[int, SampleMeta]]], fitted: FittedBatch):
+        """This rank's microbatches as ``fitted`` trains them; a real-data stream forgets the
+        bytes it kept for the samples dropped."""
+        own = fitted.own(metas, self.dispatcher.rank)
+        discard = getattr(self.stream, "discard", None)
+        if fitted.dropped and discard is not None:
+            kept = {k for mb in own for k, _ in mb}
+            for k in (k for mb in metas for k, _ in mb if k not in kept):
+                discard(k)
+        return own
 
     def _payloads(self, pairs: list[tuple[int, SampleMeta]]) -> list[SamplePayload]:
         """The payloads of ``(stream index, metadata)`` pairs, in order."""
@@ -347,20 +383,3 @@ def check_stream_encoders(stream: SampleStream, encoders: Sequence[str], count: 
         modality = meta.unencoded(encoders)
         if modality is not None:
             raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
-
-
-def check_fits(metadata: GatheredMetadata, seq_length: int) -> None:
-    """Raise :class:`SequenceTooLongError` naming the first sample longer than ``seq_length``."""
-    lengths = metadata.sample_llm
-    too_long = np.flatnonzero(lengths > seq_length)
-    if not too_long.size:
-        return
-    s = int(too_long[0])
-    rank = int(metadata.sample_rank[s])
-    text = int(metadata.sample_text[s])
-    n = int(lengths[s])
-    raise SequenceTooLongError(
-        f"sample {metadata.sample_ids[s]!r} (stream index {int(metadata.sample_stream[s])}, "
-        f"loaded by data-parallel rank {rank}) has {n} LLM tokens ({text} text + {n - text} "
-        f"from encoders), more than --seq-length {seq_length}"
-    )

@@ -30,6 +30,8 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
+from megatron.mllm.overlong import truncated_text_ids
 from megatron.mllm.preprocess import (
     AudioFeatures,
     DecodeError,
@@ -114,8 +116,8 @@ class EnergonStream:
     tokenizer: TextTokenizer
     """The text tokenizer."""
 
-    tiling: ImageTiling
-    """How images become vision units."""
+    tiling: ImageTiling | DynamicResolution
+    """How images become vision units (``--image-preprocess``)."""
 
     audio: AudioFeatures
     """How audio becomes audio units."""
@@ -208,6 +210,10 @@ class EnergonStream:
         raw = self._raw.pop(k, None) or self.read(self.dataset_index(k))
         return self.decode(raw, meta, with_features)
 
+    def discard(self, k: int) -> None:
+        """Forget the bytes kept for stream sample ``k`` (a sample dropped before its payload)."""
+        self._raw.pop(k, None)
+
     def payloads(
         self, wanted: list[tuple[int, SampleMeta]], with_features: bool = True
     ) -> list[SamplePayload]:
@@ -225,7 +231,8 @@ class EnergonStream:
         """
         spans, runs = sample_layout(meta)
         tokens = np.full(meta.llm_tokens, PLACEHOLDER_TOKEN, dtype=np.int64)
-        text = np.asarray(raw.text_ids, dtype=np.int64)
+        # A sample --overlong-samples truncate cut keeps its text's prefix and its </s>.
+        text = np.asarray(truncated_text_ids(raw.text_ids, meta.text_tokens), dtype=np.int64)
         used = 0
         for start, length in runs:
             tokens[start : start + length] = text[used : used + length]
@@ -271,7 +278,10 @@ def stream_from_run(run) -> EnergonStream:
             f"({tokenizer.vocab_size} in --tokenizer-model {d.tokenizer_model})"
         )
     try:
-        tiling = ImageTiling(mm.image_tile_size, mm.vision_patch_size, mm.image_max_tiles)
+        tiling = image_preprocessor(
+            mm.image_preprocess, mm.vision_patch_size, mm.image_tile_size, mm.image_max_tiles,
+            mm.min_pixels, mm.max_pixels,
+        )  # fmt: skip
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return EnergonStream(

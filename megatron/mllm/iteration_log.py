@@ -40,6 +40,9 @@ class IterationLog:
         """The last rank's records of those iterations, waiting for their timers."""
         self.pending_inputs: list = []
         """With ``--step-prediction``, what each pending record's prediction needs."""
+        self.overlong = {"truncated": 0, "dropped": 0}
+        """Samples of every DP rank that ``--overlong-samples`` cut or skipped since the last
+        log line (from the gathered metadata, so global on every rank)."""
 
     def add(self, result, start: float, seconds: float) -> None:
         """Account one iteration; at a log interval, report the interval."""
@@ -55,6 +58,8 @@ class IterationLog:
         if profiled:
             actions = tr.schedule_actions()
             tr.profiler.end(tr.iteration, start, seconds, spans, actions, inputs)
+        self.overlong["truncated"] += result.batch.truncated_samples
+        self.overlong["dropped"] += result.batch.dropped_samples
         balanced = tr.step.balance_stats
         self.stats.add(
             seconds, m["samples"], m["tokens"], m["flops"], m["imbalance"],
@@ -70,6 +75,9 @@ class IterationLog:
                 "learning_rate": tr.optimizer.param_groups[0]["lr"],
                 **m,
             }
+            if run.workload.overlong_samples != "error":
+                record["truncated_samples"] = result.batch.truncated_samples
+                record["dropped_samples"] = result.batch.dropped_samples
             self.pending_records.append(record)
             if run.logging.step_prediction:
                 self.pending_inputs.append(inputs)
@@ -123,6 +131,11 @@ class IterationLog:
         note = tr.step.log_note()
         if note:
             line += f" {note} |"
+        policy = run.workload.overlong_samples
+        if policy != "error":  # Megatron's style, like its "number of skipped iterations"
+            done = "truncated" if policy == "truncate" else "dropped"
+            line += f" {done} samples: {self.overlong[done]} |"
+        self.overlong = {"truncated": 0, "dropped": 0}
         if self.timed:
             line += "\n" + self.timer_log.format()
             self.timer_log = TimerLog(tr.timers.option)

@@ -49,6 +49,12 @@ class WorkloadConfig:
     """Hidden classes of synthetic images/audio; the text after an item names its class, so the
     LM loss can only reach its floor by reading the encoders."""
 
+    overlong_samples: Literal["error", "truncate", "drop"] = "error"
+    """A sample longer than --seq-length: stop with an error naming it (error), cut its text
+    from the end, keeping its first and last token and every item whole (truncate), or skip it
+    (drop). An item that alone does not fit is always an error. The log line counts the
+    samples truncated or dropped over all data-parallel ranks."""
+
 
 @dataclass(kw_only=True)
 class EncoderArgs:
@@ -87,6 +93,19 @@ class MultimodalConfig:
 
     image_max_tiles: int = 6
     """Real images: most tiles per image (the grid closest to its aspect ratio)."""
+
+    image_preprocess: Literal["tile", "dynamic"] = "tile"
+    """Real images: InternVL-style tiles (tile), or Qwen2-VL-style dynamic resolution (dynamic:
+    the image resized, aspect kept, to multiples of 2 x --vision-patch-size within
+    --min-pixels/--max-pixels, one vision-encoder unit of all its patches)."""
+
+    min_pixels: int = 3136
+    """--image-preprocess dynamic: smallest area (pixels) of a resized image (56 x 56,
+    Qwen2-VL's default)."""
+
+    max_pixels: int = 50176
+    """--image-preprocess dynamic: largest area (pixels) of a resized image (224 x 224, for the
+    CPU demo; Qwen2-VL's default is 28 x 28 x 1280)."""
 
 
 @dataclass(kw_only=True)

@@ -277,7 +277,7 @@ class Trainer:
             run.seq_length, with_features=self.model.holds_encoder_inputs,
             encoders=tuple(self.mllm.encoders), timers=self.timers,
             lookahead=self.step.plans_ahead, train_iters=run.training.train_iters,
-            share_errors=share_errors,
+            share_errors=share_errors, overlong_samples=w.overlong_samples,
         )  # fmt: skip
         self.iteration = 0
         self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)

@@ -4,8 +4,9 @@
 Usage (from the repository root)::
 
     python tools/scan_dataset.py DIR [--output PATH] [--tokenizer-model TOK_DIR]
-        [--image-tile-size T] [--image-max-tiles N] [--vision-patch-size P]
-        [--audio-feature-dim D] [--json]
+        [--image-preprocess {tile,dynamic}] [--image-tile-size T] [--image-max-tiles N]
+        [--min-pixels A] [--max-pixels A] [--vision-patch-size P] [--audio-feature-dim D]
+        [--json]
 
 Every sample's metadata is computed as the trainer computes it with the same flags: text
 tokens from the tokenizer, image and audio token counts from the media *headers* (nothing is
@@ -23,6 +24,12 @@ import sys
 from typing import Sequence
 
 from megatron.mllm.cli.args import ToolParser, number, report_error
+from megatron.mllm.image_dynamic import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_PIXELS,
+    IMAGE_PREPROCESS_CHOICES,
+    image_preprocessor,
+)
 from orchestration.workload import WorkloadError, write_jsonl
 from orchestration.workload_report import format_report, workload_report
 from orchestration.workload_spec import SampleStream
@@ -36,28 +43,49 @@ def build_parser() -> ToolParser:
     p.add_argument(
         "--tokenizer-model", metavar="TOK_DIR", help="tokenizer directory (default DIR/tokenizer)"
     )
+    p.add_argument(
+        "--image-preprocess", choices=IMAGE_PREPROCESS_CHOICES, default="tile",
+        help="InternVL tiles or Qwen2-VL dynamic resolution (default tile)",
+    )  # fmt: skip
     p.add_argument("--image-tile-size", type=number(int), default=448, help="default 448")
     p.add_argument("--image-max-tiles", type=number(int), default=6, help="default 6")
+    p.add_argument(
+        "--min-pixels",
+        type=number(int),
+        default=DEFAULT_MIN_PIXELS,
+        help=f"dynamic resolution's smallest area (default {DEFAULT_MIN_PIXELS})",
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=number(int),
+        default=DEFAULT_MAX_PIXELS,
+        help=f"dynamic resolution's largest area (default {DEFAULT_MAX_PIXELS})",
+    )
     p.add_argument("--vision-patch-size", type=number(int), default=14, help="default 14")
     p.add_argument("--audio-feature-dim", type=number(int), default=128, help="default 128")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return p
 
 
-def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch: int, mels: int):
-    """The metadata of every sample of the dataset at ``directory``, in dataset order.
+def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch: int, mels: int,
+         image_preprocess: str = "tile", min_pixels: int = DEFAULT_MIN_PIXELS,
+         max_pixels: int = DEFAULT_MAX_PIXELS):  # fmt: skip
+    """The metadata of every sample of the dataset at ``directory``, in dataset order, with the
+    trainer's preprocessing flags (``--image-preprocess`` and the flags of the mode chosen).
 
     Raises:
         ConfigError: a bad tokenizer or tiling, or not an Energon dataset.
         WorkloadError: an empty dataset, or a sample that cannot be read (naming it).
     """
     from megatron.mllm.data_energon import EnergonStream
-    from megatron.mllm.preprocess import AudioFeatures, ImageTiling
+    from megatron.mllm.preprocess import AudioFeatures
     from megatron.mllm.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer("HuggingFaceTokenizer", tokenizer_model)
     try:
-        tiling = ImageTiling(tile, patch, max_tiles)
+        tiling = image_preprocessor(
+            image_preprocess, patch, tile, max_tiles, min_pixels, max_pixels
+        )
     except ValueError as e:
         raise WorkloadError(str(e)) from e
     stream = EnergonStream(directory, tokenizer, tiling, AudioFeatures(mels), seed=0)
@@ -74,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         metas = scan(
             args.directory, tok, args.image_tile_size, args.image_max_tiles,
-            args.vision_patch_size, args.audio_feature_dim,
+            args.vision_patch_size, args.audio_feature_dim, args.image_preprocess,
+            args.min_pixels, args.max_pixels,
         )  # fmt: skip
         try:
             with open(output, "w", encoding="utf-8") as f:
