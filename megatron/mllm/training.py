@@ -461,7 +461,7 @@ class Trainer:
         data = f"workload {w.workload} (token scale {w.workload_token_scale})"
         if run.data is not None:
             data = (
-                f"data {run.data.data_path} ({len(self.loader.stream)} samples, Energon, "
+                f"data {' '.join(run.data.data_blend) or run.data.data_path} ({len(self.loader.stream)} samples, Energon, "
                 f"{run.data.num_workers} decode workers)"
             )
         print(
