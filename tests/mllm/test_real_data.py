@@ -202,8 +202,9 @@ def test_two_ranks_train_on_their_own_samples_each_used_once(dataset):
     docs = DemoSpec(num_documents=24, max_image_side=48, max_audio_seconds=0.8)
     _build(root / "docs", document_samples(docs), num_shards=1)
     write_blend(str(root / "mix.yaml"), [("good", 2.0), ("docs", 1.0)])
-    args += ["---", "mixed", *TRAIN, "--data-path", str(root / "mix.yaml"), "--tokenizer-model",
-             tok, "--train-iters", "4", "--post-balance", "auto", "--prompt-format", "chat"]  # fmt: skip
+    args += ["---", "mixed", *TRAIN, "--data-path", str(root / "mix.yaml"),
+             "--tokenizer-model", tok, "--train-iters", "4", "--post-balance", "auto",
+             "--prompt-format", "chat"]  # fmt: skip
     check(torchrun(2, REPO / "tests" / "mllm" / "data_worker.py", args, timeout=240))
     records = [json.loads((out / f"train-rank{r}.json").read_text()) for r in (0, 1)]
     stream = _stream(path, window=30.0)

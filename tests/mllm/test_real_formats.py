@@ -119,7 +119,7 @@ def test_a_placeholder_in_a_caption_places_its_item(documents, tmp_path):
         "json": json.dumps({"type": "caption", "caption": "look <image> here"}).encode(),
     }
     plain = {"__key__": "plain", "png": image,
-             "json": json.dumps({"type": "caption", "caption": "look here now"}).encode()}  # fmt: skip
+             "json": json.dumps({"type": "caption", "caption": "look here"}).encode()}  # fmt: skip
     write_energon_dataset(str(tmp_path / "cap"), [caption, plain], 1)
     stream = _stream(str(tmp_path / "cap"), tk)
     by_key = {stream.read(i).name: stream.read(i) for i in range(2)}
