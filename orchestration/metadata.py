@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from orchestration.workload import (
     missing_encoder_error,
 )
 
-METADATA_VERSION = 1
+METADATA_VERSION = 2
 """First int of every encoded rank's metadata; bump when the layout changes."""
 
 _ENCODER_CODE = {"vision": 0, "audio": 1}
@@ -70,7 +70,11 @@ def encode_rank_metadata(samples: Sequence[tuple[int, SampleMeta]]) -> np.ndarra
 
     Layout: ``[VERSION, S, I, U, stream[S], text[S], item_sample[I], item_modality[I],
     item_llm[I], item_units[I], unit_tokens[U]]`` with ``S`` samples, ``I`` items, ``U``
-    units; ``item_sample`` is the sample's position on this rank.
+    units; ``item_sample`` is the sample's position on this rank. When a sample has a text
+    layout (``SampleMeta.text_runs``), a tail follows: ``[L, (pos, runs[n+1], order[n]) * L]``
+    for the ``L`` such samples, ``pos`` the sample's position, ``n`` its items and ``order[j]``
+    the canonical index (modality order) of its ``j``-th item in document order. Without one
+    there is no tail: synthetic metadata costs what it did.
 
     Args:
         samples: (stream index, metadata) of each of the rank's samples, in loading order.
@@ -87,7 +91,60 @@ def encode_rank_metadata(samples: Sequence[tuple[int, SampleMeta]]) -> np.ndarra
                 i_u.append(len(item.units))
                 u_t.extend(item.units)
     head = [METADATA_VERSION, len(stream), len(i_s), len(u_t)]
-    return np.array(head + stream + text + i_s + i_m + i_l + i_u + u_t, dtype=np.int64)
+    tail = _layout_tail(samples)
+    return np.array(head + stream + text + i_s + i_m + i_l + i_u + u_t + tail, dtype=np.int64)
+
+
+def _layout_tail(samples: Sequence[tuple[int, SampleMeta]]) -> list[int]:
+    """The text layouts of the samples that have one (see :func:`encode_rank_metadata`)."""
+    tail: list[int] = []
+    count = 0
+    for pos, (_, meta) in enumerate(samples):
+        if meta.text_runs is None:
+            continue
+        canonical = {(m, i): c for c, (m, i, _) in enumerate(_canonical_items(meta))}
+        order = [canonical[(m, i)] for m, i, _ in meta.document_items()]
+        tail += [pos, *meta.text_runs, *order]
+        count += 1
+    return [count, *tail] if count else []
+
+
+def _canonical_items(meta: SampleMeta) -> list[tuple[str, int, Item]]:
+    return [(m, i, item) for m in MODALITIES for i, item in enumerate(meta.items(m))]
+
+
+def _parse_layouts(
+    tail: np.ndarray, items_per_sample: np.ndarray, texts: np.ndarray, first: int, rank: int
+) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The text layouts of one rank's tail, keyed by global sample index (``first`` is the
+    rank's first); :class:`PlanError` naming the rank on a malformed tail."""
+
+    def bad(why: str) -> PlanError:
+        return PlanError(f"metadata of DP rank {rank}: malformed text-layout tail ({why})")
+
+    if tail.size == 0:
+        return {}
+    count, at, out = int(tail[0]), 1, {}
+    for _ in range(max(count, 0)):
+        if at >= tail.size:
+            raise bad("it ends early")
+        pos = int(tail[at])
+        if not 0 <= pos < items_per_sample.size or first + pos in out:
+            raise bad(f"sample position {pos}")
+        n = int(items_per_sample[pos])
+        chunk = tail[at + 1 : at + 2 + 2 * n]
+        if chunk.size != 2 * n + 1:
+            raise bad("it ends early")
+        runs, order = chunk[: n + 1], chunk[n + 1 :]
+        if runs.min() < 0 or int(runs.sum()) != int(texts[pos]):
+            raise bad(f"text runs {runs.tolist()} of sample position {pos}")
+        if sorted(order.tolist()) != list(range(n)):
+            raise bad(f"item order {order.tolist()} of sample position {pos}")
+        out[first + pos] = (tuple(int(r) for r in runs), tuple(int(o) for o in order))
+        at += 2 * n + 2
+    if count < 0 or at != tail.size:
+        raise bad(f"{tail.size} ints for {count} layouts")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +181,10 @@ class GatheredMetadata:
     sample_ids: tuple[str, ...] | None = None
     """Sample ids, when known (not part of the all-gather; names samples in errors)."""
 
+    text_layouts: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+    """Global sample index to ``(text runs, document order of its canonical items)``, for the
+    samples with a text layout (``SampleMeta.text_runs``); None when none has one."""
+
     @classmethod
     def from_flat(
         cls, arrays: Sequence[np.ndarray], sample_ids: Sequence[str] | None = None
@@ -153,9 +214,7 @@ class GatheredMetadata:
                 f"{METADATA_VERSION})"
             )
         S, I, U = head[:, 1], head[:, 2], head[:, 3]
-        bad = np.flatnonzero(
-            (np.minimum(np.minimum(S, I), U) < 0) | (lens != 4 + 2 * S + 4 * I + U)
-        )
+        bad = np.flatnonzero((np.minimum(np.minimum(S, I), U) < 0) | (lens < 4 + 2 * S + 4 * I + U))
         if bad.size:
             r = int(bad[0])
             raise PlanError(
@@ -192,6 +251,16 @@ class GatheredMetadata:
         if cat["im"].size and (cat["im"].min() < 0 or cat["im"].max() >= len(MODALITIES)):
             raise PlanError("metadata: unknown modality code")
         unit_item = np.repeat(np.arange(item_units.size), item_units)
+        layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        body = 4 + 2 * S + 4 * I + U
+        for r in np.flatnonzero(lens > body).tolist():
+            mine = slice(int(offsets[r]), int(offsets[r + 1]))
+            per_sample = np.bincount(
+                cat["is"][int(np.sum(I[:r])) : int(np.sum(I[: r + 1]))] - offsets[r],
+                minlength=int(S[r]),
+            )
+            tail = flat[r][int(body[r]) :].astype(np.int64)
+            layouts.update(_parse_layouts(tail, per_sample, cat["tx"][mine], int(offsets[r]), r))
         ids = None if sample_ids is None else tuple(str(x) for x in sample_ids)
         if ids is not None and len(ids) != base_sample:
             raise PlanError(f"{len(ids)} sample ids for {base_sample} samples")
@@ -206,6 +275,7 @@ class GatheredMetadata:
             unit_item=unit_item,
             unit_tokens=cat["ut"],
             sample_ids=ids,
+            text_layouts=layouts or None,
         )
 
     @classmethod
@@ -250,8 +320,16 @@ class GatheredMetadata:
             a, b = np.searchsorted(self.unit_item, [i, i + 1])
             units = tuple(int(u) for u in self.unit_tokens[a:b])
             items[MODALITIES[int(self.item_modality[i])]].append(Item(units, int(self.item_llm[i])))
+        layout = {}
+        if self.text_layouts is not None and s in self.text_layouts:
+            runs, order = self.text_layouts[s]
+            modality = [MODALITIES[int(c)] for c in self.item_modality[int(lo) : int(hi)]]
+            layout = {"text_runs": runs, "item_order": tuple(modality[c] for c in order)}
         return SampleMeta(
-            self.sample_ids[s], int(self.sample_text[s]), **{m: tuple(v) for m, v in items.items()}
+            self.sample_ids[s],
+            int(self.sample_text[s]),
+            **{m: tuple(v) for m, v in items.items()},
+            **layout,
         )
 
     def rank_samples(self, rank: int) -> range:
@@ -284,6 +362,9 @@ class GatheredMetadata:
         ):
             h.update(np.int64(a.size).tobytes())
             h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        # Only tables with text layouts hash them: a synthetic table's digest is what it was.
+        for s, (runs, order) in sorted((self.text_layouts or {}).items()):
+            h.update(np.array([s, len(runs), *runs, *order], dtype="<i8").tobytes())
         return h.hexdigest()
 
 

@@ -21,6 +21,14 @@ tokens)::
 and the long form spells out units and LLM tokens::
 
     {"id": "s1", "text_tokens": 40, "audio": [{"units": [1500], "llm_tokens": 337}]}
+
+By default a sample's text is split evenly around its items, laid out in ``MODALITIES`` order
+(what synthetic workloads use). A real document says where its items sit: ``text_runs`` gives
+the text tokens before each item and after the last, in document order, and ``item_order`` the
+modality of each item in document order (omitted when it is ``MODALITIES`` order)::
+
+    {"id": "d0", "text_tokens": 12, "image": [64, 64], "audio": [16],
+     "text_runs": [3, 5, 0, 4], "item_order": ["image", "audio", "image"]}
 """
 
 from __future__ import annotations
@@ -124,6 +132,57 @@ class SampleMeta:
     component: str | None = None
     """The workload-spec component the sample was drawn from, when generated."""
 
+    text_runs: tuple[int, ...] | None = None
+    """Text tokens before each item and after the last, in document order (one more than the
+    items; they sum to ``text_tokens``), or None: the text split evenly around the items."""
+
+    item_order: tuple[str, ...] | None = None
+    """The modality of each item in document order (the ``j``-th ``image`` is ``image[j]``), or
+    None: ``MODALITIES`` order. Only with ``text_runs``; stored only when it differs from
+    ``MODALITIES`` order, so that equal layouts compare equal."""
+
+    def __post_init__(self):
+        if self.text_runs is None:
+            if self.item_order is not None:
+                raise WorkloadError("'item_order' needs 'text_runs'")
+            return
+        canonical = tuple(m for m in MODALITIES for _ in self.items(m))
+        order = canonical if self.item_order is None else tuple(self.item_order)
+        runs = tuple(self.text_runs)
+        if len(runs) != len(canonical) + 1:
+            raise WorkloadError(
+                f"'text_runs' has {len(runs)} runs for {len(canonical)} items (needs one more "
+                "run than items)"
+            )
+        if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in runs):
+            raise WorkloadError(f"'text_runs' must be ints >= 0, got {list(runs)}")
+        if sum(runs) != self.text_tokens:
+            raise WorkloadError(
+                f"'text_runs' sum to {sum(runs)}, 'text_tokens' is {self.text_tokens}"
+            )
+        if sorted(order, key=str) != sorted(canonical, key=str):
+            raise WorkloadError(
+                f"'item_order' {list(order)} does not list the sample's items "
+                f"({', '.join(f'{len(self.items(m))} {m}' for m in MODALITIES)})"
+            )
+        vision = [m for m in order if ENCODER_OF_MODALITY[m] == "vision"]
+        if vision != sorted(vision, key=MODALITIES.index):
+            # An encoder's units travel in modality order (SampleMeta.encoder_units).
+            raise WorkloadError("'item_order': a video before an image is not supported")
+        object.__setattr__(self, "text_runs", runs)
+        object.__setattr__(self, "item_order", None if order == canonical else order)
+
+    def document_items(self) -> list[tuple[str, int, Item]]:
+        """``(modality, index among its modality, item)`` of every item, in document order."""
+        if self.item_order is None:
+            return [(m, i, item) for m in MODALITIES for i, item in enumerate(self.items(m))]
+        seen = {m: 0 for m in MODALITIES}
+        out = []
+        for m in self.item_order:
+            out.append((m, seen[m], self.items(m)[seen[m]]))
+            seen[m] += 1
+        return out
+
     def items(self, modality: str) -> tuple[Item, ...]:
         """The items of one modality."""
         return getattr(self, modality)
@@ -163,6 +222,10 @@ class SampleMeta:
                 out[m] = [item.to_json() for item in self.items(m)]
         if self.component is not None:
             out["component"] = self.component
+        if self.text_runs is not None:
+            out["text_runs"] = list(self.text_runs)
+        if self.item_order is not None:
+            out["item_order"] = list(self.item_order)
         return out
 
     @classmethod
@@ -172,7 +235,14 @@ class SampleMeta:
             raise WorkloadError(
                 f"{where}: a sample must be a JSON object, got {type(obj).__name__}"
             )
-        unknown = set(obj) - {"id", "text_tokens", "component", *MODALITIES}
+        unknown = set(obj) - {
+            "id",
+            "text_tokens",
+            "component",
+            "text_runs",
+            "item_order",
+            *MODALITIES,
+        }
         if unknown:
             raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}")
         if "id" not in obj:
@@ -193,7 +263,21 @@ class SampleMeta:
                 raise WorkloadError(f"{where}: '{m}' must be a list of items")
             items[m] = tuple(Item.from_json(x, f"{where}.{m}[{i}]") for i, x in enumerate(raw))
         component = obj.get("component")
-        return cls(sid, text, component=None if component is None else str(component), **items)
+        layout = {}
+        for key in ("text_runs", "item_order"):
+            if key in obj:
+                if not isinstance(obj[key], list):
+                    raise WorkloadError(f"{where}: '{key}' must be a list")
+                layout[key] = tuple(obj[key])
+        if any(m not in MODALITIES for m in layout.get("item_order", ())):
+            raise WorkloadError(f"{where}: 'item_order' names modalities of {list(MODALITIES)}")
+        try:
+            return cls(
+                sid, text, component=None if component is None else str(component),
+                **items, **layout,
+            )  # fmt: skip
+        except WorkloadError as e:
+            raise WorkloadError(f"{where}: {e}") from None
 
 
 def missing_encoder_error(sample: str, modality: str) -> WorkloadError:

@@ -204,18 +204,17 @@ def check_required(args: argparse.Namespace) -> None:
 
 
 def check_data_path(args: argparse.Namespace) -> None:
-    """Real data: one dataset directory and a tokenizer; ``--vocab-size`` defaults to the
-    tokenizer's vocabulary."""
+    """Real data: a dataset directory, a blend or a metadataset YAML, and a tokenizer;
+    ``--vocab-size`` defaults to the tokenizer's vocabulary."""
+    from megatron.mllm.data_blend import blend_of
+    from megatron.mllm.data_energon import check_prompt_format
     from megatron.mllm.tokenizer import load_tokenizer
 
-    if len(args.data_path) != 1:
-        raise ConfigError(
-            f"--data-path takes one Energon dataset directory, got {len(args.data_path)} paths "
-            "(blends and metadataset YAMLs are not supported yet)"
-        )
+    blend_of(args.data_path)
     if args.num_workers < 0:
         raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
     tokenizer = load_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    check_prompt_format(args.prompt_format, tokenizer)
     if args.vocab_size is None:
         args.vocab_size = tokenizer.vocab_size
 

@@ -45,21 +45,26 @@ class ItemSpan:
 def sample_layout(meta: SampleMeta) -> tuple[list[ItemSpan], list[tuple[int, int]]]:
     """Where items and text sit in a sample's LLM sequence.
 
-    Text is split evenly into ``n_items + 1`` runs around the items (the remainder goes to the
-    last run): ``text_0, item_0, text_1, item_1, ..., text_n``.
+    With ``meta.text_runs`` (a real document), the items sit in document order with those text
+    runs around them. Without, the text is split evenly into ``n_items + 1`` runs around the
+    items in ``MODALITIES`` order (the remainder goes to the last run):
+    ``text_0, item_0, text_1, item_1, ..., text_n``.
 
     Returns:
         The item spans in sequence order, and the ``(start, length)`` text runs.
     """
-    items = [(m, i, item) for m in MODALITIES for i, item in enumerate(meta.items(m))]
-    runs = len(items) + 1
-    base = meta.text_tokens // runs
-    lengths = [base] * runs
-    lengths[-1] += meta.text_tokens - base * runs
+    items = meta.document_items()
+    if meta.text_runs is not None:
+        lengths = list(meta.text_runs)
+    else:
+        runs = len(items) + 1
+        base = meta.text_tokens // runs
+        lengths = [base] * runs
+        lengths[-1] += meta.text_tokens - base * runs
     spans, text, pos = [], [], 0
-    for r in range(runs):
-        text.append((pos, lengths[r]))
-        pos += lengths[r]
+    for r, length in enumerate(lengths):
+        text.append((pos, length))
+        pos += length
         if r < len(items):
             m, i, item = items[r]
             spans.append(ItemSpan(m, i, pos, item.llm_tokens))

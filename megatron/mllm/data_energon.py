@@ -14,14 +14,14 @@ balancer plans before anything is decoded) and the task (``payload``: decoding, 
 log-mels and token ids, once the batch's metadata has been gathered and checked). Between the
 two the sample is held as its compact encoded bytes.
 
-A sample is one ``json`` part (``type``, ``caption`` or ``text``) and its media part:
-``png``/``jpg``/``jpeg``/``webp`` for ``caption`` (image-text), ``flac``/``wav`` for
-``audio_caption`` (audio-text).
+A sample is one ``json`` part and its media parts: captions (image-text and audio-text), VQA
+samples and interleaved documents, their text in a ``--prompt-format``
+(:mod:`megatron.mllm.data_formats`). Several datasets are blended by
+:mod:`megatron.mllm.data_blend`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +30,12 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to callers)
+    PROMPT_FORMATS,
+    DataError,
+    RawSample,
+    read_sample,
+)
 from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
 from megatron.mllm.overlong import truncated_text_ids
 from megatron.mllm.preprocess import (
@@ -41,36 +47,6 @@ from megatron.mllm.preprocess import (
 )
 from megatron.mllm.tokenizer import TextTokenizer
 from orchestration.workload import SampleMeta, WorkloadError
-
-IMAGE_PARTS = ("png", "jpg", "jpeg", "webp")
-"""WebDataset extensions read as images."""
-
-AUDIO_PARTS = ("flac", "wav")
-"""WebDataset extensions read as audio."""
-
-SAMPLE_TYPES = {"caption": ("image", IMAGE_PARTS), "audio_caption": ("audio", AUDIO_PARTS)}
-"""The sample types read, and the modality and parts of each one's media."""
-
-
-class DataError(WorkloadError):
-    """A sample of the dataset that cannot be read; the message names its shard and key."""
-
-
-@dataclass(frozen=True)
-class RawSample:
-    """One sample as read from its shard: metadata inputs and still-encoded media."""
-
-    name: str
-    """``shard/key``: its id in logs and errors."""
-
-    text_ids: tuple[int, ...]
-    """Token ids of its text, ``<s>`` and ``</s>`` included."""
-
-    modality: str
-    """The modality of its one media item."""
-
-    media: bytes
-    """The encoded image or audio."""
 
 
 def open_dataset(path: str):
@@ -128,12 +104,19 @@ class EnergonStream:
     num_workers: int = 0
     """``--num-workers``: threads that decode an iteration's payloads (0: the main thread)."""
 
+    prompt_format: str = "caption"
+    """``--prompt-format``: how text is wrapped (:mod:`megatron.mllm.data_formats`)."""
+
+    label: str = ""
+    """Names the dataset in sample ids (``label/shard/key``) within a blend; empty alone."""
+
     _reader: object = field(default=None, init=False, repr=False)
     _raw: dict[int, RawSample] = field(default_factory=dict, init=False, repr=False)
     _orders: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
+        check_prompt_format(self.prompt_format, self.tokenizer)
         self._reader = open_dataset(self.path)
         if self.num_workers > 0:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="orchweave-data")
@@ -159,30 +142,9 @@ class EnergonStream:
         """
         sample = self._reader[index]
         name = f"{sample['__shard__']}/{sample['__key__']}"
-        if "json" not in sample:
-            raise DataError(f"sample {name}: missing field 'json'")
-        try:
-            info = json.loads(sample["json"])
-        except ValueError as e:
-            raise DataError(f"sample {name}: field 'json' is not JSON ({e})") from e
-        kind = info.get("type") if isinstance(info, dict) else None
-        if kind not in SAMPLE_TYPES:
-            raise DataError(
-                f"sample {name}: sample type {kind!r} cannot be read (known: "
-                f"{', '.join(SAMPLE_TYPES)})"
-            )
-        text = info.get("caption", info.get("text"))
-        if not isinstance(text, str):
-            raise DataError(f"sample {name}: missing field 'caption' (a string) in 'json'")
-        modality, parts = SAMPLE_TYPES[kind]
-        part = next((p for p in parts if p in sample), None)
-        if part is None:
-            raise DataError(
-                f"sample {name}: a {kind} sample needs one of the fields {', '.join(parts)}"
-            )
-        tk = self.tokenizer
-        ids = (tk.token_id("<s>"), *tk.encode(text), tk.token_id("</s>"))
-        return RawSample(name, ids, modality, sample[part])
+        if self.label:
+            name = f"{self.label}/{name}"
+        return read_sample(sample, name, self.tokenizer, self.prompt_format)
 
     def sample_meta(self, raw: RawSample) -> SampleMeta:
         """The metadata of a read sample, from its media's header.
@@ -190,14 +152,22 @@ class EnergonStream:
         Raises:
             DataError: naming the sample, when the header cannot be read.
         """
+        items: dict[str, list] = {"image": [], "audio": []}
         try:
-            if raw.modality == "image":
-                item = self.tiling.item(*image_size(raw.media))
-            else:
-                item = self.audio.item(*audio_header(raw.media))
+            for modality, media in raw.media:
+                if modality == "image":
+                    items[modality].append(self.tiling.item(*image_size(media)))
+                else:
+                    items[modality].append(self.audio.item(*audio_header(media)))
         except DecodeError as e:
             raise DataError(f"sample {raw.name}: {e}") from e
-        return SampleMeta(raw.name, len(raw.text_ids), **{raw.modality: (item,)})
+        return SampleMeta(
+            raw.name,
+            len(raw.text_ids),
+            **{m: tuple(v) for m, v in items.items()},
+            text_runs=raw.text_runs,
+            item_order=raw.item_order,
+        )
 
     def meta(self, k: int) -> SampleMeta:
         """Stream sample ``k``'s metadata; its bytes are kept for :meth:`payload`."""
@@ -238,20 +208,23 @@ class EnergonStream:
             tokens[start : start + length] = text[used : used + length]
             used += length
         units: dict[str, list[np.ndarray]] = {}
-        if with_features:
-            encoder = "vision" if raw.modality == "image" else "audio"
-            prep = self.tiling if raw.modality == "image" else self.audio
+        if not with_features:
+            return SamplePayload(tokens=tokens, units=units)
+        seen = {"image": 0, "audio": 0}
+        for modality, media in raw.media:  # document order: each encoder's units in order
+            prep = self.tiling if modality == "image" else self.audio
             try:
-                feats = prep.features(raw.media)
+                feats = prep.features(media)
             except DecodeError as e:
                 raise DataError(f"sample {raw.name}: {e}") from e
-            want = meta.items(raw.modality)[0].units
+            want = meta.items(modality)[seen[modality]].units
+            seen[modality] += 1
             if tuple(f.shape[0] for f in feats) != want:
                 raise DataError(
-                    f"sample {raw.name}: its decoded {raw.modality} has units "
+                    f"sample {raw.name}: its decoded {modality} has units "
                     f"{[f.shape[0] for f in feats]}, its header said {list(want)}"
                 )
-            units[encoder] = feats
+            units.setdefault("vision" if modality == "image" else "audio", []).extend(feats)
         return SamplePayload(tokens=tokens, units=units)
 
     def close(self) -> None:
@@ -261,8 +234,26 @@ class EnergonStream:
             self._pool = None
 
 
-def stream_from_run(run) -> EnergonStream:
-    """The Energon stream of a run with ``--data-path`` (``run.data`` set).
+def check_prompt_format(prompt_format: str, tokenizer: TextTokenizer) -> None:
+    """Raise :class:`ConfigError` for an unknown ``--prompt-format``, or ``chat`` with a
+    tokenizer that lacks its turn tokens."""
+    from megatron.mllm.tokenizer import CHAT_TOKENS
+
+    if prompt_format not in PROMPT_FORMATS:
+        raise ConfigError(
+            f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}"
+        )
+    missing = [t for t in CHAT_TOKENS if not tokenizer.has_token(t)]
+    if prompt_format == "chat" and missing:
+        raise ConfigError(
+            f"--prompt-format chat needs the turn tokens {', '.join(CHAT_TOKENS)}; "
+            f"--tokenizer-model {tokenizer.directory} has no {', '.join(missing)}"
+        )
+
+
+def stream_from_run(run):
+    """The stream of a run with ``--data-path`` (``run.data`` set): an
+    :class:`EnergonStream`, or a :class:`~megatron.mllm.data_blend.BlendedStream` of several.
 
     Raises:
         ConfigError: a bad flag (tokenizer, tiling) or a path that is not an Energon dataset.
@@ -284,7 +275,17 @@ def stream_from_run(run) -> EnergonStream:
         )  # fmt: skip
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    return EnergonStream(
-        d.data_path, tokenizer, tiling, AudioFeatures(mm.audio_feature_dim), run.seed,
-        num_workers=d.num_workers,
-    )  # fmt: skip
+    from megatron.mllm.data_blend import BlendedStream, blend_of
+
+    blend = blend_of(d.data_blend or (d.data_path,))
+    streams = [
+        EnergonStream(
+            path, tokenizer, tiling, AudioFeatures(mm.audio_feature_dim), run.seed,
+            num_workers=d.num_workers if len(blend) == 1 else 0,
+            prompt_format=d.prompt_format, label=label if len(blend) > 1 else "",
+        )  # fmt: skip
+        for _, path, label in blend
+    ]
+    if len(streams) == 1:
+        return streams[0]
+    return BlendedStream(streams, tuple(w for w, _, _ in blend), run.seed, d.num_workers)

@@ -12,7 +12,11 @@ a small byte-level BPE tokenizer on the captions into ``DIR/tokenizer``:
   with soundfile (FLAC or WAV, at 8, 16 or 22.05 kHz), captioned from its label.
 
 Every sample is one ``json`` part (its type, label and caption) plus its ``png`` or ``flac`` /
-``wav`` part. Everything is drawn from one seed: the same arguments give the same bytes.
+``wav`` part. Beside it, ``DIR/documents`` is a second Energon dataset of interleaved documents
+(text runs between several digit images and tones, in reading order) and VQA samples (a digit
+image, a question, an answer; some questions place the image with ``<image>``), and
+``DIR/blend.yaml`` an Energon metadataset blending the two (``--data-path DIR/blend.yaml``).
+Everything is drawn from one seed: the same arguments give the same bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +48,22 @@ IMAGE_CAPTIONS = (
 AUDIO_CAPTIONS = ("a tone that says {name}", "the sound of the number {name}")
 """Caption templates of audio samples."""
 
+VQA_QUESTIONS = (
+    "which digit is drawn here?",
+    "what number does this picture show?",
+    "in <image> which digit do you see?",
+)
+"""Questions of VQA samples (the last places the image inside the question)."""
+
+DOCUMENT_LINKS = ("next comes", "then we hear", "and after that", "followed by")
+"""Words between a document's items."""
+
+DOCUMENTS_DIR = "documents"
+"""Where, under the dataset directory, the interleaved and VQA dataset goes."""
+
+BLEND_FILE = "blend.yaml"
+"""The metadataset YAML blending the two datasets."""
+
 TOKENIZER_DIR = "tokenizer"
 """Where, under the dataset directory, the tokenizer goes."""
 
@@ -72,6 +92,15 @@ class DemoSpec:
 
     max_audio_seconds: float = 2.0
     """Longest clip (the shortest is 0.25 s)."""
+
+    num_documents: int = 96
+    """Samples of the documents dataset (0: none, and no blend)."""
+
+    vqa_fraction: float = 0.5
+    """Share of VQA samples in the documents dataset; the rest are interleaved documents."""
+
+    max_document_items: int = 3
+    """Most items of an interleaved document (the fewest is 2)."""
 
 
 def draw_digit(label: int, width: int, height: int, rng: np.random.Generator) -> bytes:
@@ -139,6 +168,66 @@ def demo_samples(spec: DemoSpec) -> list[dict]:
     return samples
 
 
+def _image_part(label: int, spec: DemoSpec, rng: np.random.Generator) -> bytes:
+    w, h = (int(v) for v in rng.integers(16, spec.max_image_side + 1, 2))
+    return draw_digit(label, w, h, rng)
+
+
+def _audio_part(label: int, spec: DemoSpec, rng: np.random.Generator) -> tuple[str, bytes]:
+    seconds = float(rng.uniform(0.25, spec.max_audio_seconds))
+    rate = int(rng.choice([8000, 16000, 22050]))
+    fmt = "flac" if rng.random() < 0.7 else "wav"
+    return fmt, synth_tone(label, seconds, rate, fmt, rng)
+
+
+def document_samples(spec: DemoSpec) -> list[dict]:
+    """The samples of the documents dataset: VQA samples and interleaved documents."""
+    rng = np.random.default_rng([spec.seed, 1])
+    samples = []
+    for i in range(spec.num_documents):
+        key = f"{i:06d}"
+        if rng.random() < spec.vqa_fraction:
+            label = int(rng.integers(0, 10))
+            question = VQA_QUESTIONS[int(rng.integers(len(VQA_QUESTIONS)))]
+            info = {"type": "vqa", "context": question, "answer": DIGIT_NAMES[label]}
+            samples.append(
+                {"__key__": key, "json": json.dumps(info).encode(),
+                 "png": _image_part(label, spec, rng)}
+            )  # fmt: skip
+            continue
+        sample, sequence = {"__key__": key}, []
+        for j in range(int(rng.integers(2, spec.max_document_items + 1))):
+            label = int(rng.integers(0, 10))
+            if rng.random() < 0.5:
+                part = f"img{j}.png"
+                sample[part] = _image_part(label, spec, rng)
+                words = f"the digit {DIGIT_NAMES[label]}"
+            else:
+                fmt, data = _audio_part(label, spec, rng)
+                part = f"clip{j}.{fmt}"
+                sample[part] = data
+                words = f"a tone for {DIGIT_NAMES[label]}"
+            link = "first" if j == 0 else DOCUMENT_LINKS[int(rng.integers(len(DOCUMENT_LINKS)))]
+            sequence += [f"{'' if j == 0 else ' '}{link} {words}: ", {"media": part}]
+        if rng.random() < 0.5:
+            sequence.append(" that is all.")
+        info = {"type": "interleaved", "sequence": sequence}
+        samples.append({**sample, "json": json.dumps(info).encode()})
+    return samples
+
+
+def document_texts(samples: list[dict]) -> list[str]:
+    """Every text of the documents dataset's samples, for the tokenizer's corpus."""
+    texts = []
+    for s in samples:
+        info = json.loads(s["json"])
+        if info["type"] == "vqa":
+            texts += [info["context"], info["answer"]]
+        else:
+            texts += [x for x in info["sequence"] if isinstance(x, str)]
+    return texts
+
+
 def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) -> list[str]:
     """Write ``samples`` as WebDataset shards under ``directory`` and prepare them for Energon
     (``.nv-meta/``: shard counts, a single ``train`` split, tar indices, ``dataset.yaml``).
@@ -171,6 +260,15 @@ def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) 
     return names
 
 
+def write_blend(path: str, datasets: list[tuple[str, float]]) -> None:
+    """Write an Energon v2 metadataset YAML blending ``(path relative to it, weight)``s."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("__module__: megatron.energon\n__class__: MetadatasetV2\n")
+        f.write("splits:\n  train:\n    blend:\n")
+        for rel, weight in datasets:
+            f.write(f"      - weight: {weight:g}\n        path: {rel}\n")
+
+
 def build_demo_dataset(directory: str, spec: DemoSpec = DemoSpec()) -> str:
     """Build the demo dataset and its tokenizer under ``directory``.
 
@@ -181,6 +279,11 @@ def build_demo_dataset(directory: str, spec: DemoSpec = DemoSpec()) -> str:
     write_energon_dataset(directory, samples, spec.num_shards)
     captions = [json.loads(s["json"])["caption"] for s in samples]
     corpus = captions + [name for name in DIGIT_NAMES] + list(IMAGE_CAPTIONS + AUDIO_CAPTIONS)
+    if spec.num_documents > 0:
+        documents = document_samples(spec)
+        write_energon_dataset(os.path.join(directory, DOCUMENTS_DIR), documents, 2)
+        corpus += document_texts(documents)
+        write_blend(os.path.join(directory, BLEND_FILE), [(".", 2.0), (DOCUMENTS_DIR, 1.0)])
     tokenizer_dir = os.path.join(directory, TOKENIZER_DIR)
     train_tokenizer(corpus, tokenizer_dir, spec.vocab_size)
     return tokenizer_dir

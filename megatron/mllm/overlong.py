@@ -85,7 +85,17 @@ def truncated_meta(meta: SampleMeta, text_tokens: int) -> SampleMeta:
     """``meta`` with its text cut to ``text_tokens`` (itself when nothing is cut)."""
     if text_tokens >= meta.text_tokens:
         return meta
-    return dataclasses.replace(meta, text_tokens=text_tokens)
+    runs = meta.text_runs
+    if runs is not None:
+        # The kept ids are the text's prefix and its last id (truncated_text_ids): the prefix
+        # fills the document's runs in order, and the last id ends the last run.
+        left, cut = text_tokens - 1, []
+        for r in runs:
+            cut.append(min(r, left))
+            left -= cut[-1]
+        cut[-1] += 1
+        runs = tuple(cut)
+    return dataclasses.replace(meta, text_tokens=text_tokens, text_runs=runs)
 
 
 def truncated_text_ids(text_ids: Sequence[int], text_tokens: int) -> tuple[int, ...]:

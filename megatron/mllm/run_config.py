@@ -55,6 +55,11 @@ class WorkloadConfig:
     (drop). An item that alone does not fit is always an error. The log line counts the
     samples truncated or dropped over all data-parallel ranks."""
 
+    prompt_format: Literal["caption", "chat"] = "caption"
+    """Real data (--data-path): the text template. caption: <s> TEXT </s>, a caption's item
+    half-way through its text; chat: user and assistant turns in the tokenizer's <|user|>,
+    <|assistant|>, <|end|> tokens. An <image> or <audio> in a text places its item there."""
+
 
 @dataclass(kw_only=True)
 class EncoderArgs:
@@ -299,11 +304,14 @@ def data_source(args: Any) -> "DataSourceConfig | None":
     paths = getattr(args, "data_path", None)
     if not paths:
         return None
+    paths = list(paths) if isinstance(paths, (list, tuple)) else [paths]
     return DataSourceConfig(
-        paths[0] if isinstance(paths, list) else paths,
+        paths[0],
         args.num_workers,
         args.tokenizer_type,
         args.tokenizer_model,
+        data_blend=tuple(paths) if len(paths) > 1 else (),
+        prompt_format=getattr(args, "prompt_format", "caption"),
     )
 
 
@@ -328,7 +336,7 @@ class DataSourceConfig:
     of ours."""
 
     data_path: str
-    """The Energon dataset directory."""
+    """The Energon dataset directory or metadataset YAML (the first entry of a blend)."""
 
     num_workers: int
     """Threads that decode payloads (0: the main thread)."""
@@ -338,6 +346,13 @@ class DataSourceConfig:
 
     tokenizer_model: str | None
     """``--tokenizer-model``: the tokenizer's local directory."""
+
+    data_blend: tuple[str, ...] = ()
+    """Every ``--data-path`` entry when there are several (``W1 DIR1 W2 DIR2 ...`` or
+    directories of equal weight); empty for one directory or metadataset YAML."""
+
+    prompt_format: str = "caption"
+    """``--prompt-format``."""
 
 
 @dataclass(frozen=True)

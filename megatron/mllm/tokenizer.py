@@ -18,6 +18,11 @@ from megatron.mllm.arguments import ConfigError
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<image>", "<audio>")
 """Special tokens every OrchWeave tokenizer has, at ids 0, 1, 2, ... in this order."""
 
+CHAT_TOKENS: tuple[str, ...] = ("<|user|>", "<|assistant|>", "<|end|>")
+"""The turn tokens ``--prompt-format chat`` wraps text in: a user turn, an assistant turn, and
+the end of a turn. A tokenizer needs them only for that format (any ids);
+:func:`train_tokenizer` gives them the ids after :data:`SPECIAL_TOKENS`."""
+
 TOKENIZER_TYPES: tuple[str, ...] = ("HuggingFaceTokenizer",)
 """The ``--tokenizer-type`` values real data can be read with."""
 
@@ -43,6 +48,10 @@ class TextTokenizer:
     def token_id(self, token: str) -> int:
         """The id of a special token."""
         return self.backend.token_to_id(token)
+
+    def has_token(self, token: str) -> bool:
+        """Whether the tokenizer defines ``token`` (a special token such as a chat turn's)."""
+        return self.backend.token_to_id(token) is not None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, with no special tokens added."""
@@ -89,7 +98,8 @@ def load_tokenizer(tokenizer_type: str | None, directory: str | None) -> TextTok
 
 
 def train_tokenizer(texts: Iterable[str], directory: str, vocab_size: int) -> TextTokenizer:
-    """Train a small byte-level BPE tokenizer on ``texts`` and save it in ``directory``.
+    """Train a small byte-level BPE tokenizer on ``texts`` and save it in ``directory``; its
+    special tokens are :data:`SPECIAL_TOKENS` then :data:`CHAT_TOKENS`.
 
     Args:
         texts: the training corpus.
@@ -103,7 +113,7 @@ def train_tokenizer(texts: Iterable[str], directory: str, vocab_size: int) -> Te
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(SPECIAL_TOKENS + CHAT_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

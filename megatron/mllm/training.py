@@ -460,8 +460,9 @@ class Trainer:
         w = run.workload
         data = f"workload {w.workload} (token scale {w.workload_token_scale})"
         if run.data is not None:
+            paths = " ".join(run.data.data_blend) or run.data.data_path
             data = (
-                f"data {run.data.data_path} ({len(self.loader.stream)} samples, Energon, "
+                f"data {paths} ({len(self.loader.stream)} samples, Energon, "
                 f"{run.data.num_workers} decode workers)"
             )
         print(

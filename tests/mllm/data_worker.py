@@ -4,8 +4,9 @@
 Usage: ``data_worker.py OUT_DIR FLAGS... [--- NAME FLAGS...]``. The first configuration trains
 and writes ``OUT_DIR/train-rank{R}.json``: per iteration the gathered sample ids, this rank's
 own ``(stream index, id)`` pairs, the loss sum and its token count, and every dataset index this
-rank read. Each further configuration ``NAME`` is a run expected to fail on bad data; the error
-(its type and message, or None) goes to ``OUT_DIR/NAME-rank{R}.json``. One launch for all.
+rank read. Each further configuration ``NAME`` is a run expected to fail on bad data, or to
+train: its error (type and message) or ``["trained", losses per token, sample ids per
+iteration]`` goes to ``OUT_DIR/NAME-rank{R}.json``. One launch for all.
 """
 
 import json
@@ -63,9 +64,12 @@ def main() -> None:
     stream.close()
     del trainer
     for name, flags in bad_runs:
-        error = None
         try:
-            fresh_trainer(flags).train()
+            trainer = fresh_trainer(flags)
+            results = trainer.train()
+            trainer.loader.stream.close()
+            error = ["trained", [r.loss_sum / r.loss_tokens for r in results],
+                     [list(r.batch.metadata.sample_ids) for r in results]]  # fmt: skip
         except (WorkloadError, SequenceTooLongError) as e:
             error = [type(e).__name__, str(e)]
         with open(os.path.join(out_dir, f"{name}-rank{rank}.json"), "w") as f:

@@ -10,7 +10,7 @@ import pytest
 
 from megatron.mllm.batch import build_microbatch, sample_layout
 from megatron.mllm.data import BatchLoader, SequenceTooLongError, SyntheticTask
-from megatron.mllm.overlong import fit_batch, truncated_text_ids
+from megatron.mllm.overlong import fit_batch, truncated_meta, truncated_text_ids
 from orchestration.metadata import GatheredMetadata
 from orchestration.workload import Item, SampleMeta, write_jsonl
 from orchestration.workload_spec import SampleStream
@@ -199,3 +199,14 @@ def test_decisions_and_counts_do_not_depend_on_dp_size_or_lookahead(stream, poli
             assert counts[0] == 0 and len(loaded) == 8 - counts[1]
     for world, lookahead in ((2, False), (2, True), (4, True)):
         assert _run(stream, world, policy, lookahead) == reference
+
+
+def test_truncating_a_laid_out_document_cuts_its_runs_from_the_end():
+    # "T T T [img] T T [aud] T T": 7 text tokens; keeping 4 keeps the first 3 and the last.
+    doc = SampleMeta("d", 7, image=(Item((4,), 1),), audio=(Item((4,), 1),), text_runs=(3, 2, 2))
+    assert truncated_meta(doc, 4).text_runs == (3, 0, 1)
+    assert truncated_meta(doc, 6).text_runs == (3, 2, 1)
+    assert truncated_meta(doc, 2).text_runs == (1, 0, 1)
+    assert truncated_meta(doc, 7) is doc
+    ids = tuple(range(10, 17))
+    assert truncated_text_ids(ids, 4) == (10, 11, 12, 16)

@@ -13,7 +13,14 @@ from launch import REPO, check, torchrun
 from megatron.mllm.batch import sample_layout
 from megatron.mllm.cli import scan_dataset
 from megatron.mllm.data_energon import DataError, EnergonStream
-from megatron.mllm.demo_data import TOKENIZER_DIR, DemoSpec, demo_samples, write_energon_dataset
+from megatron.mllm.demo_data import (
+    TOKENIZER_DIR,
+    DemoSpec,
+    demo_samples,
+    document_samples,
+    write_blend,
+    write_energon_dataset,
+)
 from megatron.mllm.preprocess import AudioFeatures, ImageTiling
 from megatron.mllm.tokenizer import load_tokenizer, train_tokenizer
 from orchestration.packing import microbatch_indices
@@ -106,7 +113,7 @@ def _bad_samples(samples, what):
     elif what == "missing-media":
         del bad[image]["png"]
     elif what == "unknown-type":
-        bad[image]["json"] = json.dumps({"type": "vqa", "caption": "x"}).encode()
+        bad[image]["json"] = json.dumps({"type": "video_caption", "caption": "x"}).encode()
     return bad, bad[image]["__key__"]
 
 
@@ -116,7 +123,11 @@ def _bad_samples(samples, what):
         ("image-header", "cannot read the image header"),
         ("missing-json", "missing field 'json'"),
         ("missing-media", "a caption sample needs one of the fields png, jpg, jpeg, webp"),
-        ("unknown-type", "sample type 'vqa' cannot be read (known: caption, audio_caption)"),
+        (
+            "unknown-type",
+            "sample type 'video_caption' cannot be read (known: caption, "
+            "audio_caption, vqa, interleaved)",
+        ),
     ],
 )
 def test_bad_samples_give_one_error_line_naming_shard_and_key(dataset, what, message, capsys):
@@ -187,7 +198,14 @@ def test_two_ranks_train_on_their_own_samples_each_used_once(dataset):
         bad_path = _build(root / f"train-{what}", bad, num_shards=1)
         args += ["---", what, *TRAIN, "--data-path", bad_path, "--tokenizer-model", tok,
                  "--train-iters", "1", "--post-balance", "auto"]  # fmt: skip
-    check(torchrun(2, REPO / "tests" / "mllm" / "data_worker.py", args, timeout=180))
+    # A mixture in one run: the captions blended with VQA samples and interleaved documents.
+    docs = DemoSpec(num_documents=24, max_image_side=48, max_audio_seconds=0.8)
+    _build(root / "docs", document_samples(docs), num_shards=1)
+    write_blend(str(root / "mix.yaml"), [("good", 2.0), ("docs", 1.0)])
+    args += ["---", "mixed", *TRAIN, "--data-path", str(root / "mix.yaml"),
+             "--tokenizer-model", tok, "--train-iters", "4", "--post-balance", "auto",
+             "--prompt-format", "chat"]  # fmt: skip
+    check(torchrun(2, REPO / "tests" / "mllm" / "data_worker.py", args, timeout=240))
     records = [json.loads((out / f"train-rank{r}.json").read_text()) for r in (0, 1)]
     stream = _stream(path, window=30.0)
     metas = {m.sample_id: m for m in (stream.sample_meta(stream.read(i)) for i in range(40))}
@@ -218,3 +236,9 @@ def test_two_ranks_train_on_their_own_samples_each_used_once(dataset):
         errors = [json.loads((out / f"{what}-rank{r}.json").read_text()) for r in (0, 1)]
         assert errors[0] == errors[1] and errors[0][0] == "WorkloadError", errors
         assert message in errors[0][1] and "shard-000000.tar/" in errors[0][1]
+    # The mixed run trains on samples of both datasets, the ranks agreeing on every batch.
+    mixed = [json.loads((out / f"mixed-rank{r}.json").read_text()) for r in (0, 1)]
+    assert mixed[0] == mixed[1] and mixed[0][0] == "trained", mixed[0]
+    losses, ids = mixed[0][1], [i for batch in mixed[0][2] for i in batch]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    assert {i.split("/")[0] for i in ids} == {"good", "docs"}

@@ -62,7 +62,7 @@ def test_dynamic_resolution_scan_matches_the_decoded_payload(
     for i in range(len(stream)):
         raw = stream.read(i)
         meta = stream.sample_meta(raw)
-        if raw.modality == "image":
+        if [m for m, _ in raw.media] == ["image"]:
             images += 1
             payload = stream.decode(raw, meta, with_features=True)
             assert [u.shape[0] for u in payload.units["vision"]] == list(meta.image[0].units)

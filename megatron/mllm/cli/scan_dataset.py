@@ -6,7 +6,10 @@ Usage (from the repository root)::
     python tools/scan_dataset.py DIR [--output PATH] [--tokenizer-model TOK_DIR]
         [--image-preprocess {tile,dynamic}] [--image-tile-size T] [--image-max-tiles N]
         [--min-pixels A] [--max-pixels A] [--vision-patch-size P] [--audio-feature-dim D]
-        [--json]
+        [--prompt-format {caption,chat}] [--json]
+
+``DIR`` may also be a metadataset YAML: every dataset of its blend is scanned in turn (ids
+``label/shard/key``; the JSONL then defaults to beside the YAML).
 
 Every sample's metadata is computed as the trainer computes it with the same flags: text
 tokens from the tokenizer, image and audio token counts from the media *headers* (nothing is
@@ -63,20 +66,24 @@ def build_parser() -> ToolParser:
     )
     p.add_argument("--vision-patch-size", type=number(int), default=14, help="default 14")
     p.add_argument("--audio-feature-dim", type=number(int), default=128, help="default 128")
+    p.add_argument("--prompt-format", choices=("caption", "chat"), default="caption",
+                   help="the text template (default caption)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return p
 
 
 def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch: int, mels: int,
          image_preprocess: str = "tile", min_pixels: int = DEFAULT_MIN_PIXELS,
-         max_pixels: int = DEFAULT_MAX_PIXELS):  # fmt: skip
-    """The metadata of every sample of the dataset at ``directory``, in dataset order, with the
-    trainer's preprocessing flags (``--image-preprocess`` and the flags of the mode chosen).
+         max_pixels: int = DEFAULT_MAX_PIXELS, prompt_format: str = "caption"):  # fmt: skip
+    """The metadata of every sample of the dataset at ``directory`` (or of each dataset of a
+    metadataset YAML in turn), in dataset order, with the trainer's preprocessing flags
+    (``--image-preprocess`` and the flags of the mode chosen, ``--prompt-format``).
 
     Raises:
         ConfigError: a bad tokenizer or tiling, or not an Energon dataset.
         WorkloadError: an empty dataset, or a sample that cannot be read (naming it).
     """
+    from megatron.mllm.data_blend import blend_of
     from megatron.mllm.data_energon import EnergonStream
     from megatron.mllm.preprocess import AudioFeatures
     from megatron.mllm.tokenizer import load_tokenizer
@@ -88,8 +95,15 @@ def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch:
         )
     except ValueError as e:
         raise WorkloadError(str(e)) from e
-    stream = EnergonStream(directory, tokenizer, tiling, AudioFeatures(mels), seed=0)
-    return [stream.sample_meta(stream.read(i)) for i in range(len(stream))]
+    blend = blend_of([directory])
+    metas = []
+    for _, path, label in blend:
+        stream = EnergonStream(
+            path, tokenizer, tiling, AudioFeatures(mels), seed=0, prompt_format=prompt_format,
+            label=label if len(blend) > 1 else "",
+        )  # fmt: skip
+        metas += [stream.sample_meta(stream.read(i)) for i in range(len(stream))]
+    return metas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,13 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron.mllm.arguments import ConfigError
 
     args = build_parser().parse_args(argv)
-    output = args.output or os.path.join(args.directory, "metadata.jsonl")
-    tok = args.tokenizer_model or os.path.join(args.directory, "tokenizer")
+    home = args.directory
+    if os.path.isfile(home):  # a metadataset YAML
+        home = os.path.dirname(os.path.abspath(home))
+    output = args.output or os.path.join(home, "metadata.jsonl")
+    tok = args.tokenizer_model or os.path.join(home, "tokenizer")
     try:
         metas = scan(
             args.directory, tok, args.image_tile_size, args.image_max_tiles,
             args.vision_patch_size, args.audio_feature_dim, args.image_preprocess,
-            args.min_pixels, args.max_pixels,
+            args.min_pixels, args.max_pixels, args.prompt_format,
         )  # fmt: skip
         try:
             with open(output, "w", encoding="utf-8") as f:
