@@ -30,6 +30,7 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.data_state import shard_index_fingerprint
 from megatron.mllm.preprocess import (
     AudioFeatures,
     DecodeError,
@@ -143,8 +144,6 @@ class EnergonStream:
         """What a checkpoint records of the stream (``megatron.mllm.data_state``): the
         dataset's absolute path, its number of samples, its shard index fingerprint, and the
         seed of the epochs' orders; the position is the iteration's, as the order is stateless."""
-        from megatron.mllm.data_state import shard_index_fingerprint
-
         fingerprint = shard_index_fingerprint(self.path)
         return os.path.abspath(self.path), len(self), fingerprint, self.seed
 
