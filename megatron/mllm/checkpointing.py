@@ -16,7 +16,8 @@ Data-parallel rank 0 of each (TP, PP) rank writes its model file; every rank wri
 random states (Python ``random``, numpy, torch's CPU and CUDA generators, megatron-core's RNG
 tracker), because DP ranks draw different dropout masks for their different samples. The data
 order is a pure function of the iteration, so model, optimizer and random states restore the
-run exactly. A run with another DP size gets the same global batches, but its ranks' random
+run exactly; the manifest records the data source it is a function of (dataset, seed, global
+batch: :mod:`megatron.mllm.data_state`), and ``--load`` refuses another. A run with another DP size gets the same global batches, but its ranks' random
 states cannot be mapped onto the saved ones: it resumes with a warning that they are not
 restored (dropout then differs from an uninterrupted run). Another TP or PP size is an error:
 these files are not resharded. Another split of the modules over the same pipeline (other
@@ -48,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from megatron.mllm import checkpoint_model, distributed, optimizer_state
+from megatron.mllm import checkpoint_model, data_state, distributed, optimizer_state
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ def save_checkpoint(
     layout: dict[str, Any],
     ranks: Ranks,
     step_state: dict[str, Any] | None = None,
+    data: data_state.StreamSource | None = None,
 ) -> str:
     """Save this rank's share of ``iteration``; collective over all ranks.
 
@@ -235,6 +237,7 @@ def save_checkpoint(
             ``distributed_optimizer``.
         step_state: this rank's training-step state (the balancer's fitted costs and its
             measured times not yet gathered), saved with its random states.
+        data: the run's data source; the manifest records it with the samples consumed.
 
     Returns:
         The iteration's directory.
@@ -278,6 +281,8 @@ def save_checkpoint(
             "layout": {k: layout[k] for k in _MANIFEST_LAYOUT},
             "files": files,
         }
+        if data is not None:
+            manifest["data"] = data_state.saved_state(data, iteration)
         _write_text(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1))
         # Only now does the iteration become the one to resume from.
         _write_text(os.path.join(root, TRACKER), str(iteration))
@@ -451,6 +456,7 @@ def load_checkpoint(
     load_optim: bool = True,
     load_rng: bool = True,
     step=None,
+    data: data_state.StreamSource | None = None,
 ) -> int:
     """Restore this rank's state from the checkpoint under ``root``; collective.
 
@@ -458,7 +464,8 @@ def load_checkpoint(
     checks that every file of the manifest is there with its size.
 
     With the random states (same DP size, not ``--no-load-rng``) the training step's state
-    saved beside them is restored into ``step`` (its ``load_state_dict``).
+    saved beside them is restored into ``step`` (its ``load_state_dict``). The data source the
+    manifest records must be ``data`` (the same dataset, seed and global batch size).
 
     Returns:
         The iteration to resume after (0 when ``root`` holds no checkpoint).
@@ -476,6 +483,11 @@ def load_checkpoint(
         if checkpoint is None:
             return None
         _check_sizes(checkpoint, layout)
+        if data is not None:
+            saved = checkpoint.manifest.get("data")
+            problem = data_state.resume_problem(saved, data, checkpoint.directory)
+            if problem:
+                raise CheckpointError(problem)
         problem = optimizer_state.resume_problem(checkpoint.layout, layout) if load_optim else None
         if problem:
             raise CheckpointError(f"{checkpoint.directory} {problem}")

@@ -25,6 +25,7 @@ resumed, as for one dataset.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -210,6 +211,15 @@ class BlendedStream:
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.streams)
+
+    def identity(self) -> tuple[str, int, str, int]:
+        """What a checkpoint records (as :meth:`EnergonStream.identity`): the weighted paths,
+        the samples of all datasets, one fingerprint of every dataset's shard index and its
+        weight (another weight draws another order), and the seed."""
+        parts = [(w, *s.identity()[:3]) for w, s in zip(self.weights, self.streams)]
+        path = " ".join(f"{w:g} {p}" for w, p, _, _ in parts)
+        digest = hashlib.sha256(repr([(w, n, f) for w, _, n, f in parts]).encode())
+        return path, len(self), digest.hexdigest()[:16], self.seed
 
     def _choices(self, block: int) -> np.ndarray:
         if self._block is None or self._block[0] != block:

@@ -36,6 +36,7 @@ from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to cal
     RawSample,
     read_sample,
 )
+from megatron.mllm.data_state import shard_index_fingerprint
 from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
 from megatron.mllm.overlong import truncated_text_ids
 from megatron.mllm.preprocess import (
@@ -123,6 +124,13 @@ class EnergonStream:
 
     def __len__(self) -> int:
         return len(self._reader)
+
+    def identity(self) -> tuple[str, int, str, int]:
+        """What a checkpoint records of the stream (``megatron.mllm.data_state``): the
+        dataset's absolute path, its number of samples, its shard index fingerprint, and the
+        seed of the epochs' orders; the position is the iteration's, as the order is stateless."""
+        fingerprint = shard_index_fingerprint(self.path)
+        return os.path.abspath(self.path), len(self), fingerprint, self.seed
 
     def dataset_index(self, k: int) -> int:
         """The dataset sample at stream index ``k``."""

@@ -34,7 +34,7 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
-from megatron.mllm import checkpointing, distributed, logs  # noqa: E402
+from megatron.mllm import checkpointing, data_state, distributed, logs  # noqa: E402
 from megatron.mllm.arguments import (  # noqa: E402
     ConfigError,
     check_tensor_parallel,
@@ -280,13 +280,15 @@ class Trainer:
             share_errors=share_errors, overlong_samples=w.overlong_samples,
         )  # fmt: skip
         self.iteration = 0
+        # What checkpoints record of the data, so that a resume reads the same stream.
+        self.data_source = data_state.stream_source(run, stream)
         self.ranks = checkpointing.Ranks(self.dp_rank, self.tp_rank, self.pp_rank)
         if run.checkpoint.load:
             c = run.checkpoint
             self.iteration = checkpointing.load_checkpoint(
                 c.load, self.ddp_model, self.optimizer, self.scheduler, self.layout, self.ranks,
                 ckpt_step=c.ckpt_step, load_optim=c.load_optim, load_rng=c.load_rng,
-                step=self.step,
+                step=self.step, data=self.data_source,
             )  # fmt: skip
 
     @property
@@ -447,7 +449,7 @@ class Trainer:
         root = self.run.checkpoint.save
         directory = checkpointing.save_checkpoint(
             root, self.iteration, self.ddp_model, self.optimizer, self.scheduler, self.layout,
-            self.ranks, step_state=self.step.state_dict(),
+            self.ranks, step_state=self.step.state_dict(), data=self.data_source,
         )  # fmt: skip
         if distributed.global_rank() == 0:
             print(f" saved checkpoint at iteration {self.iteration:7d} to {root}", flush=True)

@@ -232,6 +232,13 @@ def test_data_path_blends_and_metadataset_yaml(documents, tmp_path, capsys):
     yaml_path = str(root / "mix.yaml")
     write_blend(yaml_path, [("docs", 2.0), ("docs2", 1.0)])
     assert blend_of([yaml_path]) == [(2.0, path, "docs"), (1.0, other, "docs2")]
+    # A checkpoint records the blend: another weight or dataset draws another order.
+    streams = [_stream(path, tk, label="docs"), _stream(other, tk, label="docs2")]
+    ident = BlendedStream(streams, (2.0, 1.0), seed=3).identity()
+    assert ident[1] == 30 and ident[3] == 3 and ident[0] == f"2 {path} 1 {other}"
+    assert BlendedStream(streams, (2.0, 1.0), seed=3).identity() == ident
+    assert BlendedStream(streams, (1.0, 1.0), seed=3).identity()[2] != ident[2]
+    assert BlendedStream(streams[::-1], (1.0, 2.0), seed=3).identity()[2] != ident[2]
     # Scanning the YAML reads both datasets, ids naming each.
     out = tmp_path / "mix.jsonl"
     tok = os.path.join(path, TOKENIZER_DIR)
