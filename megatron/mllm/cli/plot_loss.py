@@ -53,8 +53,12 @@ def write_png(series: dict[str, tuple[list[int], list[float]]], out: str, title:
 
     plt, _ = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for label, (iterations, losses) in series.items():
-        ax.plot(iterations, losses, marker="o", markersize=2.5, linewidth=1.2, label=label)
+    # Runs that should agree are drawn wide then narrow, dashed, so that equal curves stay
+    # visible one over the other.
+    styles = [("-", 3.0), ("--", 1.2), (":", 1.2)]
+    for i, (label, (iterations, losses)) in enumerate(series.items()):
+        style, width = styles[min(i, len(styles) - 1)]
+        ax.plot(iterations, losses, linestyle=style, linewidth=width, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
     ax.set_title(title, fontsize=9)
