@@ -248,6 +248,16 @@ class BlendedStream:
         d, j = self.source(k)
         return self.streams[d].payload(meta, j, with_features)
 
+    def discard(self, k: int) -> None:
+        """Forget the bytes kept for stream sample ``k`` (a sample dropped before its payload)."""
+        d, j = self.source(k)
+        self.streams[d].discard(j)
+
+    def encoded_sizes(self, k: int) -> dict[str, list[int]]:
+        """Stream sample ``k``'s encoded item bytes (``EnergonStream.encoded_sizes``)."""
+        d, j = self.source(k)
+        return self.streams[d].encoded_sizes(j)
+
     def payloads(self, wanted, with_features: bool = True) -> list:
         """The payloads of ``(k, meta)`` pairs, decoded by the worker threads when there are."""
         jobs = [(self.streams[d], j, meta) for (d, j), (_, meta) in

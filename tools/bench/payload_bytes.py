@@ -2,8 +2,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Which payload should post-balancing move: the decoded encoder inputs, or the encoded media?
 
-On the demo dataset (``make demo-data``) with the README's demo flags at DP=2, every
-iteration's samples are read as the trainer reads them (metadata from headers), planned as
+On the demo blend (``make demo-data``: ``demo-data/blend.yaml``) with the README's demo flags at
+DP=2, every iteration's samples are read as the trainer reads them (metadata from headers), planned as
 ``--post-balance auto`` plans them with its starting cost model (FLOPs: every phase balanced,
 no exchange check, so this counts the most moves), and the bytes of each encoder phase's input
 dispatch are counted two ways:
@@ -39,6 +39,7 @@ from orchestration.cost_model import CostModel
 from orchestration.metadata import GatheredMetadata
 from orchestration.packing import microbatch_indices
 from orchestration.phase_plan import plan_iteration
+from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES
 
 DEMO_FLAGS = [
     "--tokenizer-type", "HuggingFaceTokenizer", "--vocab-size", "384", "--image-tile-size", "32",
@@ -51,49 +52,68 @@ DP = 2
 
 def iteration_bytes(stream, plan_inputs, cost_model, iteration, mbs, num_mb):
     """Per encoder phase: (decoded bytes, encoded bytes, units moved, extra decodes)."""
-    rank_samples, media = [], []
+    rank_samples, encoded = [], []
     for rank in range(DP):
         pairs = []
         for k in (k for mb in microbatch_indices(iteration, rank, DP, mbs, num_mb) for k in mb):
-            raw = stream.read(stream.dataset_index(k))
-            pairs.append((k, stream.sample_meta(raw)))
-            media.append(len(raw.media))  # canonical order: rank by rank, loading order
+            pairs.append((k, stream.meta(k)))
+            encoded.append(stream.encoded_sizes(k))  # canonical order: rank by rank
+            stream.discard(k)
         rank_samples.append(pairs)
     md = GatheredMetadata.from_rank_samples(rank_samples)
+    metas = [meta for pairs in rank_samples for _, meta in pairs]
     plan = plan_iteration(md, cost_model, algorithm="auto", gpus_per_node=DP)
     out = {}
     for phase in plan.phases:
         if phase.phase == "llm":
             continue
         route, items = phase.dispatch, phase.items
+        item_of = {}  # (sample, unit among its units of this encoder) -> (modality, item index)
+        for s, meta in enumerate(metas):
+            u = 0
+            for m in (m for m in MODALITIES if ENCODER_OF_MODALITY[m] == phase.phase):
+                for i, item in enumerate(meta.items(m)):
+                    for _ in item.units:
+                        item_of[s, u] = (m, i)
+                        u += 1
+
+        def item(unit):
+            s = int(items.sample[unit])
+            return (s, *item_of[s, int(items.unit_in_sample[unit])])
+
         moved = np.flatnonzero(route.src != route.dst)
         decoded = int(route.rows[moved].sum()) * plan_inputs[phase.phase]
-        # A whole file travels to each destination that computes any of its units; the sample
-        # index stands for the item (the demo's samples have one item each).
-        pairs = {(int(items.sample[u]), int(route.dst[u])) for u in moved}
-        encoded = sum(media[s] for s, _ in pairs)
-        # An item decoded both at home (units kept) and at a destination costs one more decode.
-        kept = {int(items.sample[u]) for u in np.flatnonzero(route.src == route.dst)}
-        extra = sum(1 for s, _ in pairs if s in kept)
-        out[phase.phase] = (decoded, encoded, int(moved.size), extra)
+        # A whole file travels to each destination that computes any of its units.
+        sent = {(item(u), int(route.dst[u])) for u in moved}
+        size = sum(encoded[s][m][i] for (s, m, i), _ in sent)
+        # An item decoded both at home (some units kept) and at a destination: one more decode.
+        kept = {item(u) for u in np.flatnonzero(route.src == route.dst)}
+        extra = sum(1 for it, _ in sent if it in kept)
+        out[phase.phase] = (decoded, size, int(moved.size), extra)
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-path", default="demo-data", help="default demo-data (built if absent)")
+    p.add_argument(
+        "--data-path",
+        default="demo-data/blend.yaml",
+        help="default demo-data/blend.yaml (the demo, built if absent)",
+    )
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("extra", nargs="*", help="trainer flags after --")
     args = p.parse_args(argv)
     path = args.data_path
     scratch = None
-    if not os.path.isdir(path):
+    tokenizer = os.path.join(os.path.dirname(path) if path.endswith(".yaml") else path, "tokenizer")
+    if not os.path.exists(path):
         scratch = tempfile.TemporaryDirectory()
-        path = os.path.join(scratch.name, "demo-data")
+        root = os.path.join(scratch.name, "demo-data")
         with contextlib.redirect_stdout(io.StringIO()):
-            build_demo_dataset(path, DemoSpec())
-        print(f"{args.data_path} not found: built the demo dataset in {path}")
-    flags = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", f"{path}/tokenizer",
+            build_demo_dataset(root, DemoSpec())
+        path, tokenizer = os.path.join(root, "blend.yaml"), os.path.join(root, "tokenizer")
+        print(f"{args.data_path} not found: built the demo dataset in {root}")
+    flags = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", tokenizer,
              *args.extra]  # fmt: skip
     config_files = quiet_config_files()
     loaded = config_files.load_run_config("cpu-main", [" ".join(flags)], world_size=DP)
