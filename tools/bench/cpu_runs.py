@@ -7,6 +7,8 @@ global batches), so their ratios compare like with like; the first iterations ar
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -16,6 +18,32 @@ import tempfile
 from pathlib import Path
 
 from megatron.mllm.cli.launch import MAIN_JOB, REPO, free_port
+
+DEMO_FLAGS = [
+    "--tokenizer-type", "HuggingFaceTokenizer", "--vocab-size", "384", "--image-tile-size", "32",
+    "--vision-patch-size", "8", "--image-max-tiles", "4",
+]  # fmt: skip
+"""The README's demo command, but for ``--data-path`` and ``--tokenizer-model``."""
+
+
+def demo_data_flags(path: str) -> tuple[list[str], tempfile.TemporaryDirectory | None]:
+    """The demo's trainer flags on ``path`` (a dataset directory or a metadataset YAML whose
+    directory holds ``tokenizer/``); when ``path`` does not exist, on a demo dataset built in a
+    temporary directory (its blend), returned for the caller to clean up."""
+    from megatron.mllm.demo_data import DemoSpec, build_demo_dataset
+
+    scratch = None
+    root = os.path.dirname(path) if path.endswith(".yaml") else path
+    if not os.path.exists(path):
+        scratch = tempfile.TemporaryDirectory()
+        root = os.path.join(scratch.name, "demo-data")
+        with contextlib.redirect_stdout(io.StringIO()):  # Energon's preparator prints progress
+            build_demo_dataset(root, DemoSpec())
+        path = os.path.join(root, "blend.yaml")
+        print(f"no dataset at the given path: built the demo dataset in {root}")
+    flags = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", os.path.join(root, "tokenizer")]
+    return flags, scratch
+
 
 def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
                  log_interval: int | None = None) -> list[dict]:  # fmt: skip

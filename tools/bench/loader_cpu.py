@@ -2,8 +2,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Is the real-data loader the bottleneck? Its throughput against the trainer's consumption.
 
-On the demo dataset (``make demo-data``, built in a temporary directory when absent) with the
-README's demo flags at DP=2, each round runs, one after another:
+On the demo blend (``make demo-data``: ``demo-data/blend.yaml``, built in a temporary directory
+when absent) with the README's demo flags at DP=2, each round runs, one after another:
 
 - the loader alone with ``--num-workers 1`` and then 2: two processes at once (DP ranks 0 and
   1, as in training, sharing the host's cores), each reading its own samples of ``--loader-iters``
@@ -24,25 +24,14 @@ Usage: python tools/bench/loader_cpu.py [--data-path DIR] [--rounds 3] [--iters 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-from cpu_runs import run_main_job, summarize
-
-from megatron.mllm.demo_data import DemoSpec, build_demo_dataset
-
-DEMO_FLAGS = [
-    "--tokenizer-type", "HuggingFaceTokenizer", "--vocab-size", "384", "--image-tile-size", "32",
-    "--vision-patch-size", "8", "--image-max-tiles", "4",
-]  # fmt: skip
-"""The README's demo command (its tokenizer is DIR/tokenizer)."""
+from cpu_runs import demo_data_flags, run_main_job, summarize
 
 DP = 2
 
@@ -53,8 +42,8 @@ def load_rank(path: str, rank: int, workers: int, iters: int) -> dict:
     from megatron.mllm.data_energon import stream_from_run
     from orchestration.packing import microbatch_indices
 
-    flags = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", f"{path}/tokenizer",
-             "--num-workers", str(workers)]  # fmt: skip
+    flags, _ = demo_data_flags(path)  # the path exists: the parent built it
+    flags += ["--num-workers", str(workers)]
     run = quiet_config_files().load_run_config("cpu-main", [" ".join(flags)], world_size=DP).run
     stream = stream_from_run(run)
     mbs = run.micro_batch_size
@@ -92,7 +81,11 @@ def loader_rate(path: str, workers: int, iters: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-path", default="demo-data", help="default demo-data (built if absent)")
+    p.add_argument(
+        "--data-path",
+        default="demo-data/blend.yaml",
+        help="default demo-data/blend.yaml (the demo, built if absent)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=12, help="trainer iterations per run")
     p.add_argument("--loader-iters", type=int, default=40, help="iterations the loader reads")
@@ -104,17 +97,13 @@ def main(argv=None) -> int:
         rec = load_rank(args.data_path, args.as_rank, args.workers, args.loader_iters)
         print(json.dumps(rec))
         return 0
-    path, scratch = args.data_path, None
-    if not os.path.isdir(path):
-        scratch = tempfile.TemporaryDirectory()
-        path = os.path.join(scratch.name, "demo-data")
-        with contextlib.redirect_stdout(io.StringIO()):
-            build_demo_dataset(path, DemoSpec())
-        print(f"{args.data_path} not found: built the demo dataset in {path}")
-    train = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", f"{path}/tokenizer",
-             "--num-workers", "2"]  # fmt: skip
-    print(f"DP={DP}; the loader reads {args.loader_iters} iterations, the trainer runs "
-          f"{args.iters} ({args.warmup} of warm-up); samples/s per rank")
+    train, scratch = demo_data_flags(args.data_path)
+    path = train[train.index("--data-path") + 1]
+    train += ["--num-workers", "2"]
+    print(
+        f"DP={DP}; the loader reads {args.loader_iters} iterations, the trainer runs "
+        f"{args.iters} ({args.warmup} of warm-up); samples/s per rank"
+    )
     print(f"{'round':>5} {'loader 1w':>10} {'loader 2w':>10} {'trainer':>8} "
           f"{'2w/1w':>6} {'2w/trainer':>10}")  # fmt: skip
     ratios, speedups = [], []

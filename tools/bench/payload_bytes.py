@@ -24,28 +24,18 @@ Usage: python tools/bench/payload_bytes.py [--data-path DIR] [--iters N] [-- tra
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import os
 import sys
-import tempfile
 
 import numpy as np
+from cpu_runs import demo_data_flags
 
 from megatron.mllm.cli.args import quiet_config_files
-from megatron.mllm.demo_data import DemoSpec, build_demo_dataset
 from megatron.mllm.steps.phase_balanced import payload_bytes
 from orchestration.cost_model import CostModel
 from orchestration.metadata import GatheredMetadata
 from orchestration.packing import microbatch_indices
 from orchestration.phase_plan import plan_iteration
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES
-
-DEMO_FLAGS = [
-    "--tokenizer-type", "HuggingFaceTokenizer", "--vocab-size", "384", "--image-tile-size", "32",
-    "--vision-patch-size", "8", "--image-max-tiles", "4",
-]  # fmt: skip
-"""The README's demo command (its tokenizer is DIR/tokenizer)."""
 
 DP = 2
 
@@ -103,18 +93,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("extra", nargs="*", help="trainer flags after --")
     args = p.parse_args(argv)
-    path = args.data_path
-    scratch = None
-    tokenizer = os.path.join(os.path.dirname(path) if path.endswith(".yaml") else path, "tokenizer")
-    if not os.path.exists(path):
-        scratch = tempfile.TemporaryDirectory()
-        root = os.path.join(scratch.name, "demo-data")
-        with contextlib.redirect_stdout(io.StringIO()):
-            build_demo_dataset(root, DemoSpec())
-        path, tokenizer = os.path.join(root, "blend.yaml"), os.path.join(root, "tokenizer")
-        print(f"{args.data_path} not found: built the demo dataset in {root}")
-    flags = [*DEMO_FLAGS, "--data-path", path, "--tokenizer-model", tokenizer,
-             *args.extra]  # fmt: skip
+    flags, scratch = demo_data_flags(args.data_path)
+    flags += args.extra
     config_files = quiet_config_files()
     loaded = config_files.load_run_config("cpu-main", [" ".join(flags)], world_size=DP)
     from megatron.mllm.data_energon import stream_from_run
@@ -126,7 +106,9 @@ def main(argv=None) -> int:
     mbs = run.micro_batch_size
     num_mb = run.global_batch_size // (mbs * DP)
     totals: dict[str, np.ndarray] = {}
-    print(f"DP={DP}, {args.iters} iterations of {run.global_batch_size} samples from {path}")
+    print(
+        f"DP={DP}, {args.iters} iterations of {run.global_batch_size} samples from {run.data.data_path}"
+    )
     print(f"{'iter':>4} {'phase':>6} {'units moved':>11} {'decoded KB':>11} {'encoded KB':>11} "
           f"{'ratio':>6} {'extra decodes':>13}")  # fmt: skip
     for it in range(args.iters):
