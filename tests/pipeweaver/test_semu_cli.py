@@ -29,6 +29,22 @@ def _semu(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _semu_in_process(args, capsys, monkeypatch) -> tuple[int, str, str]:
+    """``tools/semu.py``'s main in this process (its start-up, megatron-core's import, is paid
+    once by the suite, not once per case): exit status, stdout, stderr."""
+    from megatron.mllm import logs
+    from megatron.mllm.cli import semu
+
+    monkeypatch.setattr(logs, "configure", lambda level: None)
+    capsys.readouterr()
+    try:
+        status = semu.main(list(args))
+    except SystemExit as e:  # argparse's errors
+        status = e.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
 def test_cli_json_has_the_documented_keys(tmp_path):
     trace, png = tmp_path / "t.json", tmp_path / "t.png"
     proc = _semu(
@@ -45,13 +61,13 @@ def test_cli_json_has_the_documented_keys(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_text_summary_and_dynamic_layout():
-    proc = _semu(
-        "--model", "cpu-main", "--cluster", "cpu-2ranks", "--set", "pipeline-model-parallel-size=2",
-        "--schedule", "dataflow", "--encoder-sub-microbatch-tokens", "1",
+def test_cli_text_summary_and_dynamic_layout(capsys, monkeypatch):
+    status, out, err = _semu_in_process(
+        ("--model", "cpu-main", "--cluster", "cpu-2ranks", "--set", "pipeline-model-parallel-size=2",
+         "--schedule", "dataflow", "--encoder-sub-microbatch-tokens", "1"), capsys, monkeypatch,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "step time" in proc.stdout and "interleaved placement" in proc.stdout
+    assert status == 0, err
+    assert "step time" in out and "interleaved placement" in out
 
 
 @pytest.mark.parametrize(
@@ -66,10 +82,10 @@ def test_cli_text_summary_and_dynamic_layout():
         ),
     ],
 )
-def test_cli_errors(args, needle):
-    proc = _semu(*args)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error:") and needle in proc.stderr
+def test_cli_errors(args, needle, capsys, monkeypatch):
+    status, _, err = _semu_in_process(args, capsys, monkeypatch)
+    assert status == 2
+    assert err.startswith("error:") and needle in err and err.count("\n") == 1, err
 
 
 EXPECTED_PARAMS = {  # billions: the paper's names, within the stated assumptions
