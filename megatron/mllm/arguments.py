@@ -329,6 +329,14 @@ def finish_arguments(args: argparse.Namespace) -> None:
             Calibration.load(args.cost_calibration)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--cost-calibration {args.cost_calibration}: {e}") from None
+    for flag in ("cost_fit_warmup", "cost_fit_window"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.cost_fit_warmup > args.cost_fit_window:
+        raise ConfigError(
+            f"--cost-fit-warmup {args.cost_fit_warmup} must not exceed --cost-fit-window "
+            f"{args.cost_fit_window} (the fit starts once its window holds the warm-up's samples)"
+        )
     dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
     if args.post_balance != "none" and args.node_wise_a2a and dp % args.gpus_per_node:
         raise ConfigError(

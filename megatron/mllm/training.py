@@ -176,6 +176,8 @@ class Trainer:
     def __init__(self, run: RunConfig):
         if run.training.train_iters is None:
             raise ConfigError("--train-iters is required to train")
+        if run.args.lr is None:  # Megatron has no default; its optimizer fails without one
+            raise ConfigError("--lr is required to train (the peak learning rate)")
         check_tensor_parallel(run.args)
         self.run = run
         w = run.workload

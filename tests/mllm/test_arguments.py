@@ -178,6 +178,10 @@ BAD_INPUT = [
     (["--workload-token-scale", "1e300"], 2,
      r"omni-three-modality: max_sequence_tokens: 8192 tokens x token scale 1e\+300 is more than"),
     (["--workload", "{missing}"], 2, r"workload file not found: .*missing.jsonl"),
+    (["--cost-fit-warmup", "9", "--cost-fit-window", "8"], 2,
+     r"--cost-fit-warmup 9 must not exceed --cost-fit-window 8"),
+    (["--cost-fit-window", "0"], 2, r"--cost-fit-window must be >= 1, got 0"),
+    ([None, "--lr"], 2, r"--lr is required to train"),  # None: BASE without this flag
 ]  # fmt: skip
 
 
@@ -211,7 +215,11 @@ def test_bad_input_stops_the_trainer_with_one_error_line_naming_it(
     monkeypatch.setattr(distributed, "initialize_distributed", no_process_groups)
     monkeypatch.setattr(logs, "configure", lambda level: None)
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    argv = [*BASE, *(f.format(**workload_files) for f in flags)]
+    base = BASE
+    if flags and flags[0] is None:  # a flag BASE gives, left out (with its value)
+        at = BASE.index(flags[1])
+        base, flags = BASE[:at] + BASE[at + 2 :], flags[2:]
+    argv = [*base, *(f.format(**workload_files) for f in flags)]
     assert training.main(argv) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, errors
