@@ -28,7 +28,13 @@ from megatron.mllm.arguments import ConfigError, parse_arguments
 from megatron.mllm.config import MLLMConfig, mllm_config
 from megatron.mllm.run_config import RunConfig
 from orchestration.model_shape import ModelShape
-from pipeweaver.semu.model import ModelSpec, ParallelLayout, TrainingSetup, apply_shape_overrides
+from pipeweaver.semu.model import (
+    LayerRecompute,
+    ModelSpec,
+    ParallelLayout,
+    TrainingSetup,
+    apply_shape_overrides,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "scripts" / "configs"
 """Where configs are found by name (a checkout's ``scripts/configs``)."""
@@ -152,7 +158,8 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
             global_batch_size=run.global_batch_size,
             seq_length=run.seq_length,
             grad_dtype_bytes=4,
-            memory="recompute" if lang.recompute_granularity == "full" else "none",
+            memory="recompute" if run.pipeline.pipeline_recompute == "all" else "none",
+            recompute=layer_recompute(lang),
             hidden_dropout=float(lang.hidden_dropout),
             attention_dropout=float(lang.attention_dropout),
             workload=run.workload.workload,
@@ -163,6 +170,17 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
         ),
         projector_ffn=model.language.ffn_hidden_size if model.projector_type == "mlp" else 0,
         name=name,
+    )
+
+
+def layer_recompute(language) -> LayerRecompute:
+    """Megatron's ``--recompute-*`` flags as the LLM's megatron-core config holds them (every
+    chunk's config is a copy of it, so the encoders recompute alike)."""
+    return LayerRecompute(
+        granularity=language.recompute_granularity or "none",
+        method=language.recompute_method or "uniform",
+        num_layers=language.recompute_num_layers or 0,
+        distribute_saved_activations=bool(language.distribute_saved_activations),
     )
 
 
