@@ -516,6 +516,14 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             f"{auto[0]} auto needs --pipeline-schedule dynamic (the partitioner cuts every "
             f"module over all stages), got --pipeline-schedule {schedule}"
         )
+    if args.pipeline_layout == "balanced" and schedule not in ("1f1b", "interleaved"):
+        why = ("megatron-core's engine passes one LLM activation between stages, so the "
+               "encoders stay on stage 0" if schedule == "megatron"
+               else "it cuts every module over all stages itself")  # fmt: skip
+        raise ConfigError(
+            f"--pipeline-layout balanced needs --pipeline-schedule 1f1b or interleaved "
+            f"(--pipeline-schedule {schedule}: {why})"
+        )
     if schedule == "megatron":
         if args.pipeline_recompute != "none":
             raise ConfigError(

@@ -148,10 +148,11 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
         parallel=ParallelLayout(
             tensor=tp,
             pipeline=run.parallel.pipeline,
-            llm_chunks_per_rank=lang.virtual_pipeline_model_parallel_size or 1,
+            llm_chunks_per_rank=_llm_chunks_per_rank(run, lang),
             sequence_parallel=bool(lang.sequence_parallel) and tp > 1,
             # As Megatron's flag asks (the trainer shards the optimizer state the same way).
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
+            pipeline_layout=run.pipeline.pipeline_layout,
         ),
         training=TrainingSetup(
             micro_batch_size=run.micro_batch_size,
@@ -171,6 +172,17 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
         projector_ffn=model.language.ffn_hidden_size if model.projector_type == "mlp" else 0,
         name=name,
     )
+
+
+def _llm_chunks_per_rank(run: RunConfig, language) -> int:
+    """The LLM's chunks per pipeline rank in Megatron's schedules: megatron-core's virtual
+    stages, or the runtime's ``--llm-chunks-per-stage`` under ``--pipeline-schedule
+    interleaved``."""
+    if language.virtual_pipeline_model_parallel_size:
+        return language.virtual_pipeline_model_parallel_size
+    if run.pipeline.pipeline_schedule == "interleaved":
+        return int(run.pipeline.llm_chunks_per_stage)
+    return 1
 
 
 def layer_recompute(language) -> LayerRecompute:

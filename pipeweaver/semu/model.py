@@ -41,6 +41,10 @@ class ParallelLayout:
     distributed_optimizer: bool = False
     """Optimizer states sharded over data parallelism (``--use-distributed-optimizer``)."""
 
+    pipeline_layout: str = "baseline"
+    """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on
+    stage 0) or ``balanced`` (consecutive stages of balanced parameters)."""
+
     def data(self, world_size: int) -> int:
         """Data-parallel size for a world size.
 

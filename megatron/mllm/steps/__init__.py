@@ -65,6 +65,7 @@ def build_stage_model(
         mllm,
         run.pipeline.chunks_per_stage(),
         partition,
+        layout=run.pipeline.pipeline_layout,
     )
     model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
     model.partition = partition
