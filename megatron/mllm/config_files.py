@@ -17,6 +17,7 @@ build yet (an ungated ViT beside a SwiGLU LLM, a DiT in the LLM's place).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -113,15 +114,20 @@ def load_run_config(
             world_size,
             name=str(obj.get("name", path.stem)),
             shape_overrides=obj.get("shape_overrides", {}),
+            parallel_overrides=obj.get("parallel_overrides", {}),
         )
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
 
 
 def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
-                   shape_overrides: Mapping[str, Mapping[str, Any]] | None = None
+                   shape_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                   parallel_overrides: Mapping[str, Any] | None = None
                    ) -> LoadedConfig:  # fmt: skip
     """Parse trainer flags as :func:`load_run_config` does, without a file.
+
+    ``parallel_overrides`` replaces fields of SEMU's ``ParallelLayout`` for what the trainer
+    refuses to run (``{"data_parallel_sharding": "optim_grads_params"}``: Megatron-FSDP).
 
     Raises:
         ConfigError: flags that cannot work.
@@ -134,6 +140,13 @@ def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
     model = mllm_config(run)
     try:
         semu = apply_shape_overrides(semu_model_spec(run, model, name), shape_overrides or {})
+        if parallel_overrides:
+            fields = {f.name for f in dataclasses.fields(ParallelLayout)}
+            unknown = sorted(set(parallel_overrides) - fields)
+            if unknown:
+                raise ConfigError(f"parallel_overrides: unknown fields {unknown}")
+            parallel = dataclasses.replace(semu.parallel, **parallel_overrides)
+            semu = dataclasses.replace(semu, parallel=parallel)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return LoadedConfig(name, run, model, semu.shape, semu, argv)

@@ -22,6 +22,10 @@ class ModelConfigError(ValueError):
     """A model config that cannot describe a model; names the flag."""
 
 
+FSDP_SHARDING: tuple[str, ...] = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Values of :attr:`ParallelLayout.data_parallel_sharding` (Megatron-FSDP's strategies)."""
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """How the model is split over devices (Megatron's flags)."""
@@ -41,9 +45,30 @@ class ParallelLayout:
     distributed_optimizer: bool = False
     """Optimizer states sharded over data parallelism (``--use-distributed-optimizer``)."""
 
+    data_parallel_sharding: str = "none"
+    """Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy``): ``none`` (not
+    used), ``no_shard``, ``optim`` (optimizer states sharded over DP, as the distributed
+    optimizer), ``optim_grads`` (and main gradients) or ``optim_grads_params`` (and weights:
+    each layer's are gathered around its compute). The trainer refuses FSDP, so configs set it
+    with ``parallel_overrides``."""
+
     pipeline_layout: str = "baseline"
     """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on
     stage 0) or ``balanced`` (consecutive stages of balanced parameters)."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_sharding not in FSDP_SHARDING:
+            raise ModelConfigError(
+                f"data_parallel_sharding {self.data_parallel_sharding!r}: expected one of "
+                f"{FSDP_SHARDING}"
+            )
+
+    def sharded(self, what: str) -> bool:
+        """Whether ``optim``, ``grads`` or ``params`` are sharded over DP."""
+        strategy = self.data_parallel_sharding
+        if what == "optim":
+            return self.distributed_optimizer or strategy.startswith("optim")
+        return f"_{what}" in strategy
 
     def data(self, world_size: int) -> int:
         """Data-parallel size for a world size.

@@ -421,7 +421,7 @@ class TimeModel:
         """
         if "optimizer_s_per_param" in self.host:
             per = self.host["optimizer_s_per_param"]
-            if self.spec.parallel.distributed_optimizer:
+            if self.spec.parallel.sharded("optim"):
                 per /= data_parallel
             t = params * per + self.host.get("optimizer_step_s", 0.0)
             if tensors is not None:

@@ -337,24 +337,39 @@ class ModelCosts:
 
     # ---------------------------------------------------------------- static memory
 
-    def static_bytes(self, params: float, data_parallel: int) -> dict[str, float]:
+    def static_bytes(
+        self, params: float, data_parallel: int, gathered_params: float = 0.0
+    ) -> dict[str, float]:
         """Weights, gradients and optimizer states of ``params`` local parameters.
 
-        Adam keeps two fp32 moments, plus an fp32 master copy when parameters are 16-bit;
-        the distributed optimizer shards them over DP.
+        Megatron's bytes per parameter (docs/architecture.md [4]): weights in the model's dtype,
+        fp32 main gradients, Adam's two fp32 moments plus an fp32 master copy when the weights
+        are 16-bit: 18 bytes for bf16 (16 for fp32), 6 + 12/d with the distributed optimizer
+        (8 + 8/d). Megatron-FSDP shards the optimizer states (``optim``), then the gradients
+        (``optim_grads``), then the weights too (``optim_grads_params``: 18/d, plus the layer
+        it gathers for the compute and the one it prefetches, ``gathered``).
+
+        Args:
+            params: parameters of the rank's chunks (one TP rank's).
+            data_parallel: DP size d.
+            gathered_params: the rank's largest layer (FSDP's unit of all-gather).
         """
-        opt_per_param = 8.0 + (4.0 if self.dtype < 4 else 0.0)
-        if self.spec.parallel.distributed_optimizer:
-            opt_per_param /= data_parallel
-        return {
-            "weights": params * self.dtype,
-            "gradients": params * self.spec.training.grad_dtype_bytes,
-            "optimizer": params * opt_per_param,
+        parallel = self.spec.parallel
+        shard = {
+            k: data_parallel if parallel.sharded(k) else 1 for k in ("optim", "grads", "params")
         }
+        out = {
+            "weights": params * self.dtype / shard["params"],
+            "gradients": params * self.spec.training.grad_dtype_bytes / shard["grads"],
+            "optimizer": params * (8.0 + (4.0 if self.dtype < 4 else 0.0)) / shard["optim"],
+        }
+        if shard["params"] > 1:
+            out["gathered"] = 2 * gathered_params * self.dtype
+        return out
 
     def optimizer_bytes_moved(self, params: float, data_parallel: int) -> float:
         """Device-memory bytes one Adam step touches for ``params`` local parameters."""
         per = self.spec.training.grad_dtype_bytes + 24.0 + (6.0 if self.dtype < 4 else 0.0)
-        if self.spec.parallel.distributed_optimizer:
+        if self.spec.parallel.sharded("optim"):
             per /= data_parallel
         return params * per

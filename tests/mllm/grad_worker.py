@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.core import parallel_state
-from megatron.mllm.calibration.probes import SavedTensorTracker
 from megatron.mllm.arguments import parse_arguments
+from megatron.mllm.calibration.probes import SavedTensorTracker
 from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 
@@ -57,8 +57,12 @@ def main() -> None:
             dist.all_reduce(loss, group=trainer.pg_collection.dp)
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         torch.save(
-            {"grads": trainer.main_grads(), "loss": loss, "params": trainer.parameters_by_name(),
-             "peak_saved_bytes": tracker.peak},
+            {
+                "grads": trainer.main_grads(),
+                "loss": loss,
+                "params": trainer.parameters_by_name(),
+                "peak_saved_bytes": tracker.peak,
+            },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
         )
         del trainer
