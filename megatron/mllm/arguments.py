@@ -282,6 +282,7 @@ def finish_arguments(args: argparse.Namespace) -> None:
     """Check our flags and derive their defaults, and the fields Megatron derives from a
     tokenizer, in place."""
     _check_schedules(args)
+    _check_recompute(args)
     minutes = args.distributed_timeout_minutes
     if not 0 < minutes < math.inf:
         raise ConfigError(f"--distributed-timeout-minutes must be a number > 0, got {minutes}")
@@ -342,6 +343,40 @@ def finish_arguments(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"--node-wise-a2a: --gpus-per-node {args.gpus_per_node} does not divide the "
             f"data-parallel size {dp} (a node holds whole groups of DP ranks)"
+        )
+
+
+RECOMPUTE_MODULES_SUPPORTED = ("core_attn",)
+"""``--recompute-modules`` that selective recompute may name: the one whose recompute in
+OrchWeave's chunks is modelled by SEMU and tested against the trainer's measured memory."""
+
+
+def _check_recompute(args: argparse.Namespace) -> None:
+    """Megatron's ``--recompute-*`` rules, checked with the flags' names (megatron-core's
+    ``TransformerConfig`` raises them later as bare errors), and the modules OrchWeave runs."""
+    granularity = args.recompute_granularity
+    if granularity == "full":
+        if args.recompute_method is None or not args.recompute_num_layers:
+            raise ConfigError(
+                "--recompute-granularity full needs --recompute-method uniform|block and "
+                "--recompute-num-layers N (layers per recomputed group, or recomputed per stage)"
+            )
+        if args.recompute_num_layers < 1:
+            raise ConfigError(
+                f"--recompute-num-layers must be >= 1, got {args.recompute_num_layers}"
+            )
+        return
+    if args.recompute_method is not None or args.recompute_num_layers is not None:
+        flag = "--recompute-method" if args.recompute_method is not None else (
+            "--recompute-num-layers")  # fmt: skip
+        raise ConfigError(f"{flag} applies to --recompute-granularity full only")
+    modules = list(getattr(args, "recompute_modules", None) or RECOMPUTE_MODULES_SUPPORTED)
+    unsupported = sorted(set(modules) - set(RECOMPUTE_MODULES_SUPPORTED))
+    if granularity == "selective" and unsupported:
+        raise ConfigError(
+            f"--recompute-modules {' '.join(unsupported)} is not supported by OrchWeave: "
+            f"selective recompute runs (and SEMU models) {', '.join(RECOMPUTE_MODULES_SUPPORTED)} "
+            "only"
         )
 
 
@@ -488,6 +523,14 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"{auto[0]} auto needs --pipeline-schedule dynamic (the partitioner cuts every "
             f"module over all stages), got --pipeline-schedule {schedule}"
+        )
+    if args.pipeline_layout == "balanced" and schedule not in ("1f1b", "interleaved"):
+        why = ("megatron-core's engine passes one LLM activation between stages, so the "
+               "encoders stay on stage 0" if schedule == "megatron"
+               else "it cuts every module over all stages itself")  # fmt: skip
+        raise ConfigError(
+            f"--pipeline-layout balanced needs --pipeline-schedule 1f1b or interleaved "
+            f"(--pipeline-schedule {schedule}: {why})"
         )
     if schedule == "megatron":
         if args.pipeline_recompute != "none":

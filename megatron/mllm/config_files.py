@@ -17,6 +17,7 @@ build yet (an ungated ViT beside a SwiGLU LLM, a DiT in the LLM's place).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -28,7 +29,13 @@ from megatron.mllm.arguments import ConfigError, parse_arguments
 from megatron.mllm.config import MLLMConfig, mllm_config
 from megatron.mllm.run_config import RunConfig
 from orchestration.model_shape import ModelShape
-from pipeweaver.semu.model import ModelSpec, ParallelLayout, TrainingSetup, apply_shape_overrides
+from pipeweaver.semu.model import (
+    LayerRecompute,
+    ModelSpec,
+    ParallelLayout,
+    TrainingSetup,
+    apply_shape_overrides,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "scripts" / "configs"
 """Where configs are found by name (a checkout's ``scripts/configs``)."""
@@ -107,15 +114,20 @@ def load_run_config(
             world_size,
             name=str(obj.get("name", path.stem)),
             shape_overrides=obj.get("shape_overrides", {}),
+            parallel_overrides=obj.get("parallel_overrides", {}),
         )
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
 
 
 def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
-                   shape_overrides: Mapping[str, Mapping[str, Any]] | None = None
+                   shape_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                   parallel_overrides: Mapping[str, Any] | None = None
                    ) -> LoadedConfig:  # fmt: skip
     """Parse trainer flags as :func:`load_run_config` does, without a file.
+
+    ``parallel_overrides`` replaces fields of SEMU's ``ParallelLayout`` for what the trainer
+    refuses to run (``{"data_parallel_sharding": "optim_grads_params"}``: Megatron-FSDP).
 
     Raises:
         ConfigError: flags that cannot work.
@@ -128,6 +140,13 @@ def run_from_flags(argv: Sequence[str], world_size: int = 1, name: str = "",
     model = mllm_config(run)
     try:
         semu = apply_shape_overrides(semu_model_spec(run, model, name), shape_overrides or {})
+        if parallel_overrides:
+            fields = {f.name for f in dataclasses.fields(ParallelLayout)}
+            unknown = sorted(set(parallel_overrides) - fields)
+            if unknown:
+                raise ConfigError(f"parallel_overrides: unknown fields {unknown}")
+            parallel = dataclasses.replace(semu.parallel, **parallel_overrides)
+            semu = dataclasses.replace(semu, parallel=parallel)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     return LoadedConfig(name, run, model, semu.shape, semu, argv)
@@ -142,17 +161,19 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
         parallel=ParallelLayout(
             tensor=tp,
             pipeline=run.parallel.pipeline,
-            llm_chunks_per_rank=lang.virtual_pipeline_model_parallel_size or 1,
+            llm_chunks_per_rank=_llm_chunks_per_rank(run, lang),
             sequence_parallel=bool(lang.sequence_parallel) and tp > 1,
             # As Megatron's flag asks (the trainer shards the optimizer state the same way).
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
+            pipeline_layout=run.pipeline.pipeline_layout,
         ),
         training=TrainingSetup(
             micro_batch_size=run.micro_batch_size,
             global_batch_size=run.global_batch_size,
             seq_length=run.seq_length,
             grad_dtype_bytes=4,
-            memory="recompute" if lang.recompute_granularity == "full" else "none",
+            memory="recompute" if run.pipeline.pipeline_recompute == "all" else "none",
+            recompute=layer_recompute(lang),
             hidden_dropout=float(lang.hidden_dropout),
             attention_dropout=float(lang.attention_dropout),
             workload=run.workload.workload,
@@ -163,6 +184,28 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
         ),
         projector_ffn=model.language.ffn_hidden_size if model.projector_type == "mlp" else 0,
         name=name,
+    )
+
+
+def _llm_chunks_per_rank(run: RunConfig, language) -> int:
+    """The LLM's chunks per pipeline rank in Megatron's schedules: megatron-core's virtual
+    stages, or the runtime's ``--llm-chunks-per-stage`` under ``--pipeline-schedule
+    interleaved``."""
+    if language.virtual_pipeline_model_parallel_size:
+        return language.virtual_pipeline_model_parallel_size
+    if run.pipeline.pipeline_schedule == "interleaved":
+        return int(run.pipeline.llm_chunks_per_stage)
+    return 1
+
+
+def layer_recompute(language) -> LayerRecompute:
+    """Megatron's ``--recompute-*`` flags as the LLM's megatron-core config holds them (every
+    chunk's config is a copy of it, so the encoders recompute alike)."""
+    return LayerRecompute(
+        granularity=language.recompute_granularity or "none",
+        method=language.recompute_method or "uniform",
+        num_layers=language.recompute_num_layers or 0,
+        distribute_saved_activations=bool(language.distribute_saved_activations),
     )
 
 

@@ -4,7 +4,8 @@
 megatron-core hard-codes CUDA in a handful of places that a CPU run reaches: ``device="cuda"``
 literals (the pipeline schedules' token counter, the optimizer, grad-norm helpers),
 ``torch.cuda.current_device()`` for buffers, ``torch.cuda.current_stream()`` in the DDP grad
-buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker, an assertion
+buffers, ``torch.cuda.synchronize()`` after batched P2P, the CUDA RNG tracker and the CUDA RNG
+state that activation recompute (``--recompute-granularity``) saves and restores, an assertion
 that gradients are CUDA tensors when they are clipped, the GPU architecture that Megatron's
 argument validation reads for TP > 1, and the ``Tensor.type()`` names (``torch.cuda.FloatTensor``)
 by which the distributed optimizer sorts the parameters it shards.
@@ -125,6 +126,12 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
         g.detach().mul_(coeff)
 
 
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    """Stands in for megatron-core's ``_get_cuda_rng_state``: there is no CUDA generator (the
+    CPU generator's state is saved beside it by the same caller)."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def apply() -> bool:
     """Install the CPU compatibility patches when CUDA is absent.
 
@@ -158,6 +165,12 @@ def apply() -> bool:
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     DistributedOptimizer.__init__ = _with_cuda_type_names(DistributedOptimizer.__init__)
+    # Megatron's recompute (CheckpointFunction) saves the CUDA RNG state with the CPU's and
+    # restores both before it reruns a forward; without CUDA only the CPU's exists.
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    mcore_random._get_cuda_rng_state = _no_cuda_rng_state
+    mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
     _applied = True
     logger.debug("megatron-core CPU compatibility shim applied")
     return True

@@ -42,6 +42,7 @@ from pipeweaver.interleave import flops_durations, greedy_dual_queue
 from pipeweaver.ir import Memory
 from pipeweaver.placement import Placement
 from pipeweaver.search.partition import PartitionPlan
+from pipeweaver.semu.scenario import shape_layer_params
 
 RUNTIME_SCHEDULES = ("1f1b", "interleaved", "dynamic")
 """``--pipeline-schedule`` values run by OrchWeave's runtime (``megatron`` is megatron-core's)."""
@@ -53,14 +54,17 @@ def runtime_placement(
     mllm: MLLMConfig,
     chunks_per_stage: Mapping[str, int],
     partition: PartitionPlan | None = None,
+    layout: str = "baseline",
 ) -> Placement:
     """Where every chunk lives for a runtime schedule.
 
     ``1f1b`` and ``interleaved`` keep upstream Megatron's layout (encoders whole on stage 0, the
-    LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B);
-    ``dynamic`` cuts every module i into P x K_i chunks, chunk j on stage j mod P: evenly by
-    layer count, or by measured cost as the partitioner split them (``partition``, with
-    ``--*-chunks-per-stage auto``).
+    LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B), or with
+    ``layout="balanced"`` (``--pipeline-layout``) cut every layer, encoders first, into P x K
+    consecutive stages of balanced parameters (:func:`pipeweaver.semu.scenario.shape_layer_params`,
+    the placement SEMU simulates for ``--placement balanced``); ``dynamic`` cuts every module i
+    into P x K_i chunks, chunk j on stage j mod P: evenly by layer count, or by measured cost as
+    the partitioner split them (``partition``, with ``--*-chunks-per-stage auto``).
     """
     layers = module_layers(mllm)
     if schedule == "dynamic" and partition is not None:
@@ -68,6 +72,8 @@ def runtime_placement(
     if schedule == "dynamic":
         return Placement.interleaved(pp_size, layers, chunks_per_stage)
     k = chunks_per_stage.get("llm", 1) if schedule == "interleaved" else 1
+    if layout == "balanced":
+        return Placement.balanced_params(pp_size, shape_layer_params(mllm.shape()), k)
     return Placement.baseline(pp_size, layers, llm_chunks_per_rank=k)
 
 

@@ -194,6 +194,12 @@ class PipelineConfig:
     dynamic: every module cut into chunks over all stages, a new greedy dual-queue order every
     batch."""
 
+    pipeline_layout: Literal["baseline", "balanced"] = "baseline"
+    """1f1b / interleaved: where the layers live. baseline: upstream Megatron's LLaVA layout
+    (every encoder whole on stage 0, the LLM's layers split evenly). balanced: DIP's Megatron
+    baseline, every layer (encoders first, then the LLM) cut into pipeline-size x K consecutive
+    stages with balanced parameters, stage v on rank v mod P, so an encoder may span stages."""
+
     vision_chunks_per_stage: int | Literal["auto"] = 1
     """K: the vision encoder is cut into pipeline-size x K chunks, chunk j on stage j mod P
     (dynamic). auto: DIP's rule (K_i = floor(T_i / T_1) over the modules' latencies at their

@@ -22,6 +22,10 @@ class ModelConfigError(ValueError):
     """A model config that cannot describe a model; names the flag."""
 
 
+FSDP_SHARDING: tuple[str, ...] = ("none", "no_shard", "optim", "optim_grads", "optim_grads_params")
+"""Values of :attr:`ParallelLayout.data_parallel_sharding` (Megatron-FSDP's strategies)."""
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """How the model is split over devices (Megatron's flags)."""
@@ -41,6 +45,31 @@ class ParallelLayout:
     distributed_optimizer: bool = False
     """Optimizer states sharded over data parallelism (``--use-distributed-optimizer``)."""
 
+    data_parallel_sharding: str = "none"
+    """Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy``): ``none`` (not
+    used), ``no_shard``, ``optim`` (optimizer states sharded over DP, as the distributed
+    optimizer), ``optim_grads`` (and main gradients) or ``optim_grads_params`` (and weights:
+    each layer's are gathered around its compute). The trainer refuses FSDP, so configs set it
+    with ``parallel_overrides``."""
+
+    pipeline_layout: str = "baseline"
+    """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on
+    stage 0) or ``balanced`` (consecutive stages of balanced parameters)."""
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_sharding not in FSDP_SHARDING:
+            raise ModelConfigError(
+                f"data_parallel_sharding {self.data_parallel_sharding!r}: expected one of "
+                f"{FSDP_SHARDING}"
+            )
+
+    def sharded(self, what: str) -> bool:
+        """Whether ``optim``, ``grads`` or ``params`` are sharded over DP."""
+        strategy = self.data_parallel_sharding
+        if what == "optim":
+            return self.distributed_optimizer or strategy.startswith("optim")
+        return f"_{what}" in strategy
+
     def data(self, world_size: int) -> int:
         """Data-parallel size for a world size.
 
@@ -54,6 +83,93 @@ class ParallelLayout:
                 f"{self.pipeline} = {model} does not divide the world size {world_size}"
             )
         return world_size // model
+
+
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "full", "selective")
+"""Megatron's ``--recompute-granularity`` values (``none``: the flag absent)."""
+
+RECOMPUTE_METHODS: tuple[str, ...] = ("uniform", "block")
+"""Megatron's ``--recompute-method`` values (full granularity)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRecompute:
+    """Megatron's activation recompute inside every transformer block (``--recompute-*``).
+
+    Each chunk is one megatron-core ``TransformerBlock``, so the rules apply per chunk: *full
+    uniform* cuts the chunk's layers into groups of ``num_layers`` (the last one shorter) and
+    keeps only each group's input; *full block* keeps only the input of each of the first
+    ``num_layers`` layers and everything of the others; *selective* recomputes the core attention
+    (its saved softmax statistics or score matrix are not kept). Every recomputed part runs its
+    forward again in the backward.
+    """
+
+    granularity: str = "none"
+    """``none``, ``full`` or ``selective`` (``--recompute-granularity``)."""
+
+    method: str = "uniform"
+    """Full granularity: ``uniform`` or ``block`` (``--recompute-method``)."""
+
+    num_layers: int = 0
+    """Full granularity: layers per group (uniform) or layers recomputed per chunk (block)
+    (``--recompute-num-layers``)."""
+
+    distribute_saved_activations: bool = False
+    """Full granularity: each kept group input is split over TP
+    (``--distribute-saved-activations``)."""
+
+    def __post_init__(self) -> None:
+        if self.granularity not in RECOMPUTE_GRANULARITIES:
+            raise ModelConfigError(
+                f"--recompute-granularity {self.granularity!r}: expected one of "
+                f"{RECOMPUTE_GRANULARITIES[1:]}"
+            )
+        if self.granularity == "full":
+            if self.method not in RECOMPUTE_METHODS:
+                raise ModelConfigError(
+                    f"--recompute-method {self.method!r}: expected one of {RECOMPUTE_METHODS}"
+                )
+            if self.num_layers < 1:
+                raise ModelConfigError(
+                    f"--recompute-num-layers must be >= 1 with --recompute-granularity full, got "
+                    f"{self.num_layers}"
+                )
+
+    def plan(self, chunk_layers: int) -> tuple[int, int, int]:
+        """What a chunk of ``chunk_layers`` layers keeps and reruns under full granularity.
+
+        Returns:
+            ``(stored_inputs, kept_layers, recomputed_layers)``: layer inputs kept in place of
+            layers (one per checkpoint), layers whose activations are kept whole, and layers
+            whose forward the backward runs again. Without full granularity:
+            ``(0, chunk_layers, 0)``.
+        """
+        if self.granularity != "full":
+            return 0, chunk_layers, 0
+        if self.method == "uniform":
+            return -(-chunk_layers // self.num_layers), 0, chunk_layers
+        recomputed = min(self.num_layers, chunk_layers)
+        return recomputed, chunk_layers - recomputed, recomputed
+
+    def backward_peak(self, chunk_layers: int, input_bytes: float, layer_bytes: float) -> float:
+        """Peak bytes of a chunk's layers while its backward reruns their forwards.
+
+        The backward walks the checkpoints from the last to the first: while checkpoint ``g``
+        is rebuilt, the stored inputs of checkpoints ``0..g`` and ``g``'s rebuilt layers are
+        alive; the layers kept whole (block) and the head's tensors were freed before.
+
+        Args:
+            chunk_layers: layers of the chunk.
+            input_bytes: one stored layer input.
+            layer_bytes: what one layer keeps without recompute.
+        """
+        stored, _, recomputed = self.plan(chunk_layers)
+        if not recomputed:
+            return 0.0
+        if self.method == "block":
+            return stored * input_bytes + layer_bytes
+        sizes = [min(self.num_layers, chunk_layers - g * self.num_layers) for g in range(stored)]
+        return max((g + 1) * input_bytes + n * layer_bytes for g, n in enumerate(sizes))
 
 
 @dataclass(frozen=True)
@@ -73,8 +189,12 @@ class TrainingSetup:
     """Bytes of one main gradient (fp32 with bf16 training, Megatron's default)."""
 
     memory: str = "none"
-    """Memory strategy of every stage: ``none``, or ``recompute`` (``--recompute-granularity
-    full``)."""
+    """Memory strategy of every stage's computes: ``none``, ``recompute`` (the runtime's
+    ``--pipeline-recompute all``: each chunk's forward rerun whole) or ``offload``."""
+
+    recompute: LayerRecompute = LayerRecompute()
+    """Megatron's recompute inside each chunk; applies to computes whose strategy is ``none``
+    (a chunk recomputed or offloaded whole keeps only its input anyway)."""
 
     hidden_dropout: float = 0.1
     """Dropout after attention and MLP (keeps a 1-byte mask per element when > 0)."""

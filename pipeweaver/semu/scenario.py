@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from orchestration.model_shape import ModelShape
 from orchestration.workload import SampleMeta, missing_encoder_error
 from orchestration.workload_spec import SampleStream
 from pipeweaver.checker import check
@@ -38,13 +39,25 @@ encoders first, in P x K stages of balanced parameters, K the config's virtual s
 :meth:`Placement.interleaved`."""
 
 
+def shape_layer_params(shape: ModelShape) -> dict[str, list[float]]:
+    """Per module present, the parameters of each layer (the input layer counted in layer 0,
+    the head in the last), for :meth:`Placement.balanced_params`: the trainer's
+    ``--pipeline-layout balanced`` and SEMU's ``balanced`` placement both cut by these."""
+    out = {}
+    for module in (*shape.encoders, "llm"):
+        s = shape.module(module)
+        params = [float(s.layer_params())] * s.num_layers
+        if params:
+            params[0] += s.input_flops_per_token / 2 + s.embedding_params
+            params[-1] += s.output_flops_per_token / 2
+            out[module] = params
+    return out
+
+
 def layer_params(spec: ModelSpec) -> dict[str, list[float]]:
-    """Per module present, the parameters of each layer (one TP rank's; the input layer counted
-    in layer 0, the head in the last), for :meth:`Placement.balanced_params`."""
-    costs = ModelCosts(spec)
-    return {
-        m: [costs.chunk_params(m, i, i + 1) for i in range(n)] for m, n in spec.layers().items()
-    }
+    """:func:`shape_layer_params` of a model spec (whole layers: TP divides every layer alike,
+    so the cut is the same on every TP rank)."""
+    return shape_layer_params(spec.shape)
 
 
 def placement_kind(schedule: str, placement: str | None = None) -> str:
@@ -79,7 +92,8 @@ def build_step(
         spec: the model and its parallel layout.
         cluster: the devices (DP follows from their number).
         schedule: one of :data:`SCHEDULES`.
-        placement: one of :data:`PLACEMENTS`; default :func:`placement_kind`'s.
+        placement: one of :data:`PLACEMENTS`; default the config's ``--pipeline-layout`` for
+            Megatron's schedules, else :func:`placement_kind`'s.
         chunks_per_rank: interleaved placement: chunks per rank of each module (default 1; the
             LLM's defaults to the config's virtual stages). The baseline and balanced
             placements take the config's virtual stages instead.
@@ -160,6 +174,8 @@ def build_step(
             if pp == 1
             else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
         )
+    if placement is None and name in ("1f1b", "interleaved"):
+        placement = spec.parallel.pipeline_layout  # the trainer's --pipeline-layout
     kind = placement_kind(name, placement)
     if kind == "baseline":
         layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)

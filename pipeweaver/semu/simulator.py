@@ -323,7 +323,11 @@ class Semu:
                 costs.chunk_params(m, *placement.layer_range(m, c))
                 for m, c in placement.chunks_on(r)
             )
-            out.append({"params": params, **costs.static_bytes(params, self.dp)})
+            largest = max(
+                (costs.module(m).layer_params() / costs.tp for m, _ in placement.chunks_on(r)),
+                default=0.0,
+            )  # Megatron-FSDP gathers one layer's weights at a time
+            out.append({"params": params, **costs.static_bytes(params, self.dp, largest)})
         return out
 
     def activation_bytes(
@@ -419,10 +423,12 @@ class Semu:
         crit = max(range(len(results)), key=lambda d: results[d].makespan)
         for r in range(self.pp):
             ready = max(res.rank_end[r] for res in results) + a2a / 2
-            grad_bytes = static[r]["gradients"]
-            if self.spec.parallel.distributed_optimizer:
+            # Whole (unsharded) volumes: what the sharded memory keeps is 1/d of what moves.
+            grad_bytes = static[r]["params"] * self.spec.training.grad_dtype_bytes
+            if self.spec.parallel.sharded("optim"):
+                weight_bytes = static[r]["params"] * self.spec.shape.params_dtype_bytes
                 ar = comm.reduce_scatter(grad_bytes, self.dp, dp_group_intra) + comm.all_gather(
-                    static[r]["weights"], self.dp, dp_group_intra
+                    weight_bytes, self.dp, dp_group_intra
                 )
             else:
                 ar = comm.all_reduce(grad_bytes, self.dp, dp_group_intra)
@@ -449,7 +455,8 @@ class Semu:
         flops *= self.dp / len(microbatches)
         devices = self.tp * self.pp * self.dp
         peak_act = [max(res.peak_activation[r] for res in results) for r in range(self.pp)]
-        statics = [s["weights"] + s["gradients"] + s["optimizer"] for s in static]
+        statics = [s["weights"] + s["gradients"] + s["optimizer"] + s.get("gathered", 0.0)
+                   for s in static]  # fmt: skip
         r_last = max(range(self.pp), key=lambda r: finish[r])
         ready_last = max(res.rank_end[r_last] for res in results)
         return StepPrediction(

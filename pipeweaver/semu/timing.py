@@ -237,6 +237,8 @@ class TimeModel:
             fwd, bwd = self._calibrated_passes(table, module, start, stop, seq_lens, out_rows)
             # A recomputing backward reruns the forward first.
             time = fwd if kind == "F" else (bwd + fwd if memory == "recompute" else bwd)
+            if kind == "B" and memory == "none":
+                time += self._layer_rerun_s(table, module, stop - start, seq_lens)
             kept, transient = self._calibrated_memory(
                 table, module, start, stop, kind, memory, seq_lens, work, out_rows
             )
@@ -346,12 +348,36 @@ class TimeModel:
                 t.head_act_bytes_per_token or 0.0
             ) * tokens + t.head_act_bytes_per_row * out_rows
         full /= self.spec.parallel.tensor
+        if memory == "none" and self.spec.training.recompute.granularity != "none":
+            tp = self.spec.parallel.tensor
+            layer = t.act_bytes_per_token * tokens + t.act_bytes_per_token_sq * sum(
+                n * n for n in seq_lens
+            )
+            in_kept = (t.input_act_bytes_per_token or 0.0) * tokens if start == 0 else 0.0
+            kept, transient, _, _ = self.costs.layer_recompute(
+                module, stop - start, seq_lens, layer / tp, in_kept / tp,
+                full - (stop - start) * layer / tp - in_kept / tp,
+            )  # fmt: skip
+            return kept, transient if kind == "B" else 0.0
         if memory == "none":
             return full, 0.0
         boundary = self.costs.boundary_bytes(module, tokens)
         if memory == "recompute" and kind == "F":
             return boundary, 0.0
         return boundary, full
+
+    def _layer_rerun_s(
+        self, t: LayerTimeModel, module: str, layers: int, seq_lens: Sequence[int]
+    ) -> float:
+        """Measured seconds of the forwards Megatron's recompute reruns in a chunk's backward:
+        its recomputed layers (full), or every layer's attention (selective: the fit's
+        quadratic term)."""
+        recompute = self.spec.training.recompute
+        if recompute.granularity == "selective":
+            rerun = layers * t.quadratic_s * sum(n * n for n in seq_lens)
+        else:
+            rerun = recompute.plan(layers)[2] * t.forward_packed_s(seq_lens)
+        return rerun / self.spec.parallel.tensor
 
     def join_time(self, kind: str, parts: int) -> float:
         """LLM chunk 0 joining ``parts`` encoder subs' rows (F), or splitting their gradient
@@ -395,7 +421,7 @@ class TimeModel:
         """
         if "optimizer_s_per_param" in self.host:
             per = self.host["optimizer_s_per_param"]
-            if self.spec.parallel.distributed_optimizer:
+            if self.spec.parallel.sharded("optim"):
                 per /= data_parallel
             t = params * per + self.host.get("optimizer_step_s", 0.0)
             if tensors is not None:

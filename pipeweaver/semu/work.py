@@ -116,16 +116,26 @@ class ModelCosts:
         per_token = self.dtype * (rep / rep_div + split / self.tp)
         if self.hidden_dropout:
             per_token += 2 * s.hidden_size / rep_div  # two 1-byte masks
-        heads = s.num_attention_heads / self.tp
+        return tokens * per_token + self.core_attention_bytes(module, seq_lens)
+
+    def core_attention_bytes(self, module: str, seq_lens: Sequence[int]) -> float:
+        """Bytes the core attention of one layer keeps beyond its Q/K/V inputs and its output:
+        what selective recompute (``--recompute-granularity selective``) does not keep."""
+        heads = self.module(module).num_attention_heads / self.tp
         if self.flash:
-            per_token += 4 * heads  # softmax log-sum-exp, fp32
-            quadratic = 0.0
-        else:
-            # Megatron's unfused attention keeps the full softmax output (and a dropout mask),
-            # causal or not.
-            per_score = self.dtype + (1 if self.attention_dropout else 0)
-            quadratic = heads * per_score * sum(n * n for n in seq_lens)
-        return tokens * per_token + quadratic
+            return sum(seq_lens) * 4 * heads  # softmax log-sum-exp, fp32
+        # Megatron's unfused attention keeps the full softmax output (and a dropout mask),
+        # causal or not.
+        per_score = self.dtype + (1 if self.attention_dropout else 0)
+        return heads * per_score * sum(n * n for n in seq_lens)
+
+    def layer_input_bytes(self, module: str, tokens: int) -> float:
+        """Bytes of one layer's input, as a full-recompute checkpoint keeps it."""
+        nbytes = self.boundary_bytes(module, tokens)
+        recompute = self.spec.training.recompute
+        if recompute.distribute_saved_activations and not self.sp:
+            nbytes /= self.tp  # split over the TP group while it waits for the backward
+        return nbytes
 
     def layer_bytes(self, module: str, seq_lens: Sequence[int]) -> tuple[float, float]:
         """Forward device-memory ``(linear, attention)`` bytes of one layer."""
@@ -240,37 +250,51 @@ class ModelCosts:
         lin, att = self.layer_flops(module, seq_lens)
         lb, ab = self.layer_bytes(module, seq_lens)
         act = self.layer_activation_bytes(module, seq_lens)
-        e_flops = e_bytes = e_kept = 0.0
+        e_flops = e_bytes = in_kept = head_kept = 0.0
         if first:
-            f, b, k = self.input_work(module, tokens)
-            e_flops, e_bytes, e_kept = e_flops + f, e_bytes + b, e_kept + k
+            e_flops, e_bytes, in_kept = self.input_work(module, tokens)
         if last:
-            f, b, k = self.head_work(module, tokens, out_rows)
-            e_flops, e_bytes, e_kept = e_flops + f, e_bytes + b, e_kept + k
+            f, b, head_kept = self.head_work(module, tokens, out_rows)
+            e_flops, e_bytes = e_flops + f, e_bytes + b
+        e_kept = in_kept + head_kept
         full_kept = n_layers * act + e_kept
         input_kept = self.boundary_bytes(module, tokens)
         coll_bytes = tokens * s.hidden_size * self.dtype
         coll = 2 * n_layers if self.tp > 1 else 0
-        if kind == "F":
-            mult, coll_n, passes = 1.0, coll, n_layers
-        else:
-            mult, coll_n, passes = 2.0, coll, n_layers
-            if memory == "recompute":
-                mult, coll_n, passes = 3.0, 2 * coll, 2 * n_layers
+        # Passes over the layers, over their core attention and over the edges: a backward is
+        # two forwards' work, plus the forwards it reruns.
+        layer_mult = attention_mult = edge_mult = 1.0 if kind == "F" else 2.0
+        coll_n, passes = coll, n_layers
+        recompute = self.spec.training.recompute
         if memory == "recompute":
             kept = input_kept
             transient = full_kept if kind == "B" else 0.0
+            if kind == "B":  # the runtime reruns the chunk's whole forward, edges included
+                layer_mult = attention_mult = edge_mult = 3.0
+                coll_n, passes = 2 * coll, 2 * n_layers
         elif memory == "offload":
             kept, transient = input_kept, full_kept
-        else:
+        elif recompute.granularity == "none":
             kept, transient = full_kept, 0.0
+        else:
+            kept, transient, rerun, attention_rerun = self.layer_recompute(
+                module, n_layers, seq_lens, act, in_kept, head_kept
+            )
+            if kind == "B":
+                share = rerun / n_layers if n_layers else 0.0
+                layer_mult += share
+                attention_mult += share + attention_rerun
+                coll_n += 2 * rerun if self.tp > 1 else 0
+                passes += rerun
+            else:
+                transient = 0.0  # the forward keeps only what the backward will rebuild from
         return ComputeWork(
-            linear_flops=mult * n_layers * lin,
-            attention_flops=mult * n_layers * att,
-            edge_flops=mult * e_flops,
-            linear_bytes=mult * n_layers * lb,
-            attention_bytes=mult * n_layers * ab,
-            edge_bytes=mult * e_bytes,
+            linear_flops=layer_mult * n_layers * lin,
+            attention_flops=attention_mult * n_layers * att,
+            edge_flops=edge_mult * e_flops,
+            linear_bytes=layer_mult * n_layers * lb,
+            attention_bytes=attention_mult * n_layers * ab,
+            edge_bytes=edge_mult * e_bytes,
             kept_bytes=kept,
             transient_bytes=transient,
             tp_collectives=coll_n,
@@ -279,26 +303,73 @@ class ModelCosts:
             offload_bytes=full_kept if memory == "offload" else 0.0,
         )
 
+    def layer_recompute(
+        self, module: str, n_layers: int, seq_lens: Sequence[int], layer_bytes: float,
+        input_kept: float, head_kept: float
+    ) -> tuple[float, float, int, float]:  # fmt: skip
+        """A chunk's memory and reruns under Megatron's recompute (:class:`LayerRecompute`).
+
+        Args:
+            module: the chunk's module.
+            n_layers: its layers.
+            seq_lens: the sequences of the compute.
+            layer_bytes: what one layer keeps without recompute (measured or modelled).
+            input_kept, head_kept: what its input layer and its head keep (never recomputed:
+                they are outside the transformer block; the head's are freed first in the
+                backward, the input layer's last).
+
+        Returns:
+            ``(kept, transient, rerun_layers, attention_reruns)``: bytes kept from the forward
+            to the backward, bytes the backward needs beyond them at its peak, layers whose
+            forward the backward reruns, and reruns of every layer's core attention (selective:
+            1).
+        """
+        recompute = self.spec.training.recompute
+        edges = input_kept + head_kept
+        if recompute.granularity == "selective":
+            saved = self.core_attention_bytes(module, seq_lens)
+            return n_layers * (layer_bytes - saved) + edges, 0.0, 0, 1.0
+        stored, whole, rerun = recompute.plan(n_layers)
+        one_input = self.layer_input_bytes(module, sum(seq_lens))
+        kept = stored * one_input + whole * layer_bytes + edges
+        peak = input_kept + recompute.backward_peak(n_layers, one_input, layer_bytes)
+        return kept, max(0.0, peak - kept), rerun, 0.0
+
     # ---------------------------------------------------------------- static memory
 
-    def static_bytes(self, params: float, data_parallel: int) -> dict[str, float]:
+    def static_bytes(
+        self, params: float, data_parallel: int, gathered_params: float = 0.0
+    ) -> dict[str, float]:
         """Weights, gradients and optimizer states of ``params`` local parameters.
 
-        Adam keeps two fp32 moments, plus an fp32 master copy when parameters are 16-bit;
-        the distributed optimizer shards them over DP.
+        Megatron's bytes per parameter (docs/architecture.md [4]): weights in the model's dtype,
+        fp32 main gradients, Adam's two fp32 moments plus an fp32 master copy when the weights
+        are 16-bit: 18 bytes for bf16 (16 for fp32), 6 + 12/d with the distributed optimizer
+        (8 + 8/d). Megatron-FSDP shards the optimizer states (``optim``), then the gradients
+        (``optim_grads``), then the weights too (``optim_grads_params``: 18/d, plus the layer
+        it gathers for the compute and the one it prefetches, ``gathered``).
+
+        Args:
+            params: parameters of the rank's chunks (one TP rank's).
+            data_parallel: DP size d.
+            gathered_params: the rank's largest layer (FSDP's unit of all-gather).
         """
-        opt_per_param = 8.0 + (4.0 if self.dtype < 4 else 0.0)
-        if self.spec.parallel.distributed_optimizer:
-            opt_per_param /= data_parallel
-        return {
-            "weights": params * self.dtype,
-            "gradients": params * self.spec.training.grad_dtype_bytes,
-            "optimizer": params * opt_per_param,
+        parallel = self.spec.parallel
+        shard = {
+            k: data_parallel if parallel.sharded(k) else 1 for k in ("optim", "grads", "params")
         }
+        out = {
+            "weights": params * self.dtype / shard["params"],
+            "gradients": params * self.spec.training.grad_dtype_bytes / shard["grads"],
+            "optimizer": params * (8.0 + (4.0 if self.dtype < 4 else 0.0)) / shard["optim"],
+        }
+        if shard["params"] > 1:
+            out["gathered"] = 2 * gathered_params * self.dtype
+        return out
 
     def optimizer_bytes_moved(self, params: float, data_parallel: int) -> float:
         """Device-memory bytes one Adam step touches for ``params`` local parameters."""
         per = self.spec.training.grad_dtype_bytes + 24.0 + (6.0 if self.dtype < 4 else 0.0)
-        if self.spec.parallel.distributed_optimizer:
+        if self.spec.parallel.sharded("optim"):
             per /= data_parallel
         return params * per

@@ -12,6 +12,16 @@ BALANCED = ["--post-balance", "auto"]
 # budget no loaded host reaches, so every run and resume of a batch gets the same schedule.
 SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic", *SEARCH]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+LAYOUT_BALANCED = ["--pipeline-layout", "balanced"]
+RECOMPUTE = {
+    "full-uniform": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1"],
+    "full-block": ["--recompute-granularity", "full", "--recompute-method", "block",
+                   "--recompute-num-layers", "1"],
+    "selective": ["--recompute-granularity", "selective"],
+}  # fmt: skip
+"""Megatron's recompute settings the PP=2 baseline (``--pipeline-schedule megatron``) runs."""
 CHUNKS_AUTO = [x for m in ("vision", "audio", "llm") for x in (f"--{m}-chunks-per-stage", "auto")]
 """Every module's chunks per stage chosen by the partitioner."""
 
@@ -80,6 +90,12 @@ def world2(tmp_path_factory, references, workload_dir):
         "variable-pp2-dynamic-auto": [*variable, *DYNAMIC, *CHUNKS_AUTO,
                                       "--encoder-sub-microbatch-size", "2", "--cost-calibration",
                                       str(REPO / "scripts/configs/calibration-cpu.json")],  # fmt: skip
+        # Megatron's recompute flags (their activation memory is measured: memory-*), and
+        # Megatron's schedules on DIP's parameter-balanced layout.
+        **{f"memory-{name}": [*PP2, *flags] for name, flags in RECOMPUTE.items()},
+        "pp2-1f1b-balanced": [*PP2, "--pipeline-schedule", "1f1b", *LAYOUT_BALANCED],
+        "pp2-interleaved-balanced": [*PP2, "--pipeline-schedule", "interleaved",
+                                     "--llm-chunks-per-stage", "2", *LAYOUT_BALANCED],  # fmt: skip
         "variable-dp2-balanced": [*variable, *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip

@@ -56,6 +56,10 @@ def variable_workload(directory: Path) -> list[str]:
 FULL_SHAPES: dict[str, torch.Size] = {}
 """Unsharded shape of every parameter (from the TP=1 reference), to merge TP shards."""
 
+PEAK_SAVED_BYTES: dict[str, list[int]] = {}
+"""Per ``memory-`` configuration run by :func:`run_configs`, each rank's peak of activation
+bytes kept for backward during the step (``grad_worker.py`` counts them)."""
+
 
 def run_configs(
     tmp_path: Path, nproc: int, configs: dict[str, list[str]], tp: dict[str, int] | None = None
@@ -69,6 +73,12 @@ def run_configs(
     for name, flags in configs.items():
         argv += [name, *TINY, *flags, "---"]
     check(torchrun(nproc, GRAD_WORKER, argv, timeout=600))
+    for name in configs:
+        if name.startswith("memory-"):
+            PEAK_SAVED_BYTES[name] = [
+                torch.load(tmp_path / name / f"rank{r}.pt")["peak_saved_bytes"]
+                for r in range(nproc)
+            ]
     return {
         name: merge([torch.load(tmp_path / name / f"rank{r}.pt") for r in range(nproc)],
                     (tp or {}).get(name, 1))  # fmt: skip

@@ -7,6 +7,10 @@ processes, runs one iteration's forward and backward and writes
 ``OUT_DIR/NAME/rank{R}.pt`` with the finalized main gradients and the initial parameters (by
 layout-independent name) and the loss sum and token count. Running several configurations in
 one launch saves the processes' start-up (seconds of imports each).
+
+A configuration whose name starts with ``memory-`` also records ``peak_saved_bytes``: the peak of
+the activation bytes autograd kept during its forward and backward, counted as
+``tools/bench/semu_memory_probe.py`` counts them (the others skip the hooks' cost).
 """
 
 import os
@@ -17,6 +21,7 @@ import torch.distributed as dist
 
 from megatron.core import parallel_state
 from megatron.mllm.arguments import parse_arguments
+from megatron.mllm.calibration.probes import SavedTensorTracker
 from megatron.mllm.run_config import RunConfig
 from megatron.mllm.training import Trainer
 
@@ -40,14 +45,24 @@ def main() -> None:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
         trainer = Trainer(RunConfig.from_args(parse_arguments(flags)))
-        losses, _ = trainer.forward_backward(0)
+        tracker = SavedTensorTracker(trainer.model.parameters())
+        if name.startswith("memory-"):
+            with tracker.hooks():
+                losses, _ = trainer.forward_backward(0)
+        else:
+            losses, _ = trainer.forward_backward(0)
         loss = None
         if losses:
             loss = torch.stack([d["lm loss"] for d in losses]).sum(0)
             dist.all_reduce(loss, group=trainer.pg_collection.dp)
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         torch.save(
-            {"grads": trainer.main_grads(), "loss": loss, "params": trainer.parameters_by_name()},
+            {
+                "grads": trainer.main_grads(),
+                "loss": loss,
+                "params": trainer.parameters_by_name(),
+                "peak_saved_bytes": tracker.peak,
+            },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
         )
         del trainer

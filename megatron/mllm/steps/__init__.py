@@ -45,8 +45,8 @@ from orchestration.dispatcher import Dispatcher
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
-from pipeweaver.semu.batches import pack_microbatch
 from pipeweaver.search.partition import PartitionPlan
+from pipeweaver.semu.batches import pack_microbatch
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
 
@@ -65,6 +65,7 @@ def build_stage_model(
         mllm,
         run.pipeline.chunks_per_stage(),
         partition,
+        layout=run.pipeline.pipeline_layout,
     )
     model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
     model.partition = partition
