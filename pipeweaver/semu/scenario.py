@@ -239,7 +239,7 @@ def build_step(
         "tp": spec.parallel.tensor,
         "pp": pp,
         "dp": dp,
-        "num_microbatches": m,
+        "num_microbatches": m if balance is None else max(len(x) for x in mbs_all),
         "workload": workload,
         "iteration": iteration,
         "replicas_simulated": replicas,

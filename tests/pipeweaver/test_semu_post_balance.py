@@ -23,6 +23,7 @@ from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.workload import SampleMeta
 from orchestration.workload_spec import SampleStream
 from pipeweaver.generators import generate
 from pipeweaver.ir import Kind
@@ -30,6 +31,7 @@ from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, structure_of
 from pipeweaver.semu.grad_reduce import GradBucket, overlapped_reduction, rank_buckets
 from pipeweaver.semu.hardware import ClusterSpec
+from pipeweaver.semu.packed_baseline import pack_first_fit_decreasing
 from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 from pipeweaver.semu.timing import ComputeCost
@@ -277,3 +279,35 @@ def test_overlapped_step_by_hand():
     # Without overlap the whole reduction starts at 3.0 s; with it, the chain ends at `end`.
     assert base.step_time_s - over.step_time_s == pytest.approx(3.0 + total - max(end, 3.0))
     assert over.step_time_s < base.step_time_s
+
+
+def _meta(sample_id: str, tokens: int) -> SampleMeta:
+    return SampleMeta(sample_id, tokens)
+
+
+def test_packed_sequences_first_fit_decreasing_by_hand():
+    """6 -> new, 5 -> new, 4 -> new, 3 joins 5 (8), 2 joins 6 (8); too long is an error."""
+    samples = [_meta(f"s{i}", n) for i, n in enumerate([5, 3, 4, 2, 6])]
+    bins = pack_first_fit_decreasing(samples, 8)
+    assert [[s.sample_id for s in b] for b in bins] == [["s4", "s3"], ["s0", "s1"], ["s2"]]
+    with pytest.raises(ValueError, match="'s4' has 6 LLM tokens"):
+        pack_first_fit_decreasing(samples, 4)
+
+
+def test_packed_baseline_runs_each_ranks_samples_once(capsys):
+    """``--pad packed``: every rank's Megatron-order samples, packed, each padded to the fixed
+    length; fewer microbatches than samples."""
+    flags = {k: v for k, v in FLAGS.items() if k not in ("post-balance",)}
+    flags.update({"pipeline-model-parallel-size": 2, "micro-batch-size": 1})
+    loaded = run_from_flags(flag_argv(set_flags(flags)), 4)
+    spec, cluster = loaded.semu, _cluster(4)
+    semu = Semu(spec, cluster)
+    hook = semu_balance.packed_baseline(semu, spec, 0)
+    _, packed, info = build_step(spec, cluster, balance=hook)
+    _, plain, _ = build_step(spec, cluster)
+    for p, q in zip(packed, plain):
+        assert sum(mb.real_tokens for mb in p) == sum(mb.real_tokens for mb in q)
+        assert sum(mb.num_samples for mb in p) == sum(mb.num_samples for mb in q) == len(q)
+        assert len(p) < len(q)
+        assert all(sum(mb.llm_seq_lens) == spec.training.seq_length for mb in p)
+    assert info["num_microbatches"] == max(len(p) for p in packed)

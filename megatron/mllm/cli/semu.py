@@ -170,9 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory", choices=["none", "recompute", "offload"], help="every stage")
     parser.add_argument(
         "--pad",
-        choices=["megatron", "none"],
+        choices=["megatron", "none", "packed"],
         default="megatron",
-        help="pad microbatches when PP > 1 as the baseline trainer does",
+        help="pad microbatches when PP > 1 as the baseline trainer does; packed: Megatron-LM's "
+        "packed sequences (each rank's samples packed first-fit decreasing into sequences of "
+        "micro batch x sequence length tokens, one per microbatch, padded)",
     )
     parser.add_argument(
         "--set",
@@ -256,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 held["balance"] = semu_balance.sample_balancer(
                     semu, loaded, calibration, args.iteration, held
                 )
+            elif args.pad == "packed":
+                held["balance"] = semu_balance.packed_baseline(semu, spec, args.iteration)
             schedules, mbs, info = build_step(
                 spec,
                 cluster,
@@ -263,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 placement=args.placement,
                 chunks_per_rank=_chunks_per_rank(args),
                 memory=args.memory,
-                pad=args.pad == "megatron",
+                pad=args.pad != "none",
                 workload=args.workload,
                 seed=args.seed,
                 token_scale=args.token_scale,

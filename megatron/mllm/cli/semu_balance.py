@@ -19,6 +19,7 @@ from megatron.mllm.arguments import ConfigError
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from pipeweaver.ir import Memory
+from pipeweaver.semu.packed_baseline import packed_batches
 from pipeweaver.semu.post_balance import (
     BalancedBatches,
     PostBalanceSetup,
@@ -86,6 +87,11 @@ def check_flags(args: argparse.Namespace, post_balance: str) -> None:
         raise ConfigError(
             f"--replicas: --post-balance {post_balance} gives every DP replica other samples, "
             "so all of them are simulated"
+        )
+    if args.pad == "packed" and post_balance != "none":
+        raise ConfigError(
+            f"--pad packed is the Megatron baseline's offline packing; --post-balance "
+            f"{post_balance} forms its own microbatches (use --pad megatron or none)"
         )
     if args.overlap_grad_reduce and post_balance != "none":
         raise ConfigError(
@@ -194,6 +200,19 @@ def phase_balanced_step(
         "replicas_simulated": dp,
     }
     return result, batches, info
+
+
+def packed_baseline(semu: Semu, spec, iteration: int) -> Callable[..., list]:
+    """``build_step``'s ``balance`` for ``--pad packed``: every rank's samples in packed
+    sequences (:mod:`pipeweaver.semu.packed_baseline`)."""
+    t = spec.training
+
+    def balance(sample_of, pack) -> list:
+        m = t.num_microbatches(semu.dp)
+        limit = t.micro_batch_size * t.seq_length
+        return packed_batches(sample_of, pack, iteration, semu.dp, t.micro_batch_size, m, limit)
+
+    return balance
 
 
 def balance_info(batches: BalancedBatches) -> dict[str, Any]:
