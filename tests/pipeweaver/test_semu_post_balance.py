@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -311,3 +312,32 @@ def test_packed_baseline_runs_each_ranks_samples_once(capsys):
         assert len(p) < len(q)
         assert all(sum(mb.llm_seq_lens) == spec.training.seq_length for mb in p)
     assert info["num_microbatches"] == max(len(p) for p in packed)
+
+
+@pytest.mark.parametrize("node_wise", [False, True])
+def test_exchange_routed_as_the_dispatcher_by_hand(node_wise):
+    """4 ranks, 2 per node; rank 0 sends B bytes to rank 3 (the other node). Direct: one
+    inter-node message. Node-wise: 0 -> 1 (its node's proxy for node 1), 1 -> 2 (node 1's
+    rank for node 0), 2 -> 3: two NVLink hops and one network hop."""
+    from orchestration.exchange_cost import PayloadBytes
+    from pipeweaver.semu.post_balance import PostBalanceSetup, exchange_seconds
+
+    flags = {k: v for k, v in FLAGS.items() if k != "post-balance"}
+    spec = run_from_flags(flag_argv(set_flags(flags)), 4).semu
+    intra, inter = 4e9, 1e9
+    cluster = ClusterSpec.from_json({
+        "device": "h100-sxm", "num_devices": 4, "devices_per_node": 2,
+        "efficiency": {"intra_node": 1.0, "inter_node": 1.0},
+        "device_overrides": {"intra_node_bandwidth": intra, "inter_node_bandwidth": inter,
+                             "intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0},
+    })  # fmt: skip
+    semu = Semu(spec, cluster)
+    setup = PostBalanceSetup("auto", 512, PayloadBytes({}, {}), gpus_per_node=2,
+                             node_wise=node_wise)  # fmt: skip
+    nbytes = 8e9
+    matrix = np.zeros((4, 4))
+    matrix[0, 3] = nbytes
+    got = exchange_seconds(semu, matrix, [0, 1, 2, 3], setup)
+    want = 2 * nbytes / intra + nbytes / inter if node_wise else nbytes / inter
+    assert got == pytest.approx(want)
+    assert exchange_seconds(semu, np.diag([nbytes] * 4), [0, 1, 2, 3], setup) == 0.0

@@ -10,7 +10,7 @@ Each case is one ``tools/semu.py`` command line on ``scripts/configs/omni-84b.js
 MFU, the largest peak memory per GPU and whether it fits, the speed-up over the strong Megatron
 baseline (packed, parameter-balanced, overlapped reduction, full recompute: the fastest
 Megatron case that fits 80 GB), and OrchMLLM's published 41.6% MFU and 3.1x beside
-(arXiv 2503.23830 abstract; /work/shared/research/orchmllm.md section 5.1). Ends with
+(arXiv 2503.23830 abstract; docs/architecture.md [1]). Ends with
 ``omni84b_full_mode_speedup: X`` (the fastest OrchWeave case over the strong baseline). About
 two minutes for all cases (the two dynamic-pipeline cases take most).
 """
@@ -22,11 +22,8 @@ import contextlib
 import io
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from megatron.mllm.cli import semu as semu_cli  # noqa: E402
+from megatron.mllm.cli import semu as semu_cli
 
 PAPER_MFU = 0.416
 """OrchMLLM's MFU on the 84B model on 2,560 H100 (abstract)."""
