@@ -153,7 +153,7 @@ def replay(
                     send(edge, link, occupancy, latency, end)
                 if record:
                     events.append(
-                        Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch)
+                        Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch, a.chunk)
                     )
                 tr = end
                 last_end[r] = end

@@ -45,6 +45,9 @@ class Event:
     microbatch: int = -1
     """Microbatch of a compute."""
 
+    chunk: int = -1
+    """Chunk of a compute (its module's index), for when its gradients are ready."""
+
 
 @dataclass
 class PipelineResult:

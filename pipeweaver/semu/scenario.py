@@ -9,7 +9,7 @@ generates each replica's schedule. ``tools/semu.py`` is its command line.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from orchestration.model_shape import ModelShape
 from orchestration.workload import SampleMeta, missing_encoder_error
@@ -21,7 +21,7 @@ from pipeweaver.ir import Memory
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.search.partition import PartitionPlan
-from pipeweaver.semu.batches import MicrobatchMeta, step_microbatches, structure_of
+from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, step_microbatches, structure_of
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.work import ModelCosts
@@ -52,6 +52,39 @@ def shape_layer_params(shape: ModelShape) -> dict[str, list[float]]:
             params[-1] += s.output_flops_per_token / 2
             out[module] = params
     return out
+
+
+SampleSource = Callable[[int], SampleMeta]
+"""Stream index -> the sample's metadata (the trainer's error for a sample it cannot read)."""
+
+Packer = Callable[[list[SampleMeta]], MicrobatchMeta]
+"""A microbatch's samples -> its shapes, packed as the step's engine packs them."""
+
+
+def sample_source(
+    spec: ModelSpec,
+    workload: str | None = None,
+    seed: int | None = None,
+    token_scale: float | None = None,
+) -> SampleSource:
+    """The run's sample stream (defaults: the config's workload, seed and token scale); a
+    sample with items for an encoder the model lacks raises the trainer's ``WorkloadError``."""
+    stream = SampleStream(
+        workload or spec.training.workload,
+        spec.training.workload_seed if seed is None else seed,
+        spec.training.workload_token_scale if token_scale is None else token_scale,
+    )
+    encoders = list(spec.shape.encoders)
+
+    def sample_of(k: int) -> SampleMeta:
+        # The trainer stops on a sample its model cannot read: so does the step it predicts.
+        meta = stream.meta(k)
+        modality = meta.unencoded(encoders)
+        if modality is not None:
+            raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
+        return meta
+
+    return sample_of
 
 
 def layer_params(spec: ModelSpec) -> dict[str, list[float]]:
@@ -85,6 +118,7 @@ def build_step(
     encoder_sub_microbatch_units: Mapping[str, int] | None = None,
     partition: PartitionPlan | None = None,
     run_checker: bool = True,
+    balance: Callable[[SampleSource, Packer], list[list[MicrobatchMeta]]] | None = None,
 ) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
     """The schedules and microbatches of one step, per DP replica.
 
@@ -114,6 +148,9 @@ def build_step(
             (``chunks_per_rank`` is then ignored), and without ``encoder_sub_microbatch_units``
             the encoders' subs take its B_i.
         run_checker: validate every schedule with :func:`pipeweaver.checker.check`.
+        balance: post-balancing (:mod:`pipeweaver.semu.post_balance`): ``(sample_of, pack)
+            -> [replica][microbatch]`` replaces Megatron's microbatches (``pack`` packs a
+            microbatch's samples with the step's flags); every replica is then simulated.
 
     Returns:
         ``(schedules, microbatches, info)``: one schedule and one microbatch list per simulated
@@ -130,20 +167,8 @@ def build_step(
     pp = spec.parallel.pipeline
     m = spec.training.num_microbatches(dp)
     workload = workload or spec.training.workload
-    stream = SampleStream(
-        workload,
-        spec.training.workload_seed if seed is None else seed,
-        spec.training.workload_token_scale if token_scale is None else token_scale,
-    )
+    sample_of = sample_source(spec, workload, seed, token_scale)
     encoders = list(spec.shape.encoders)
-
-    def sample_of(k: int) -> SampleMeta:
-        # The trainer stops on a sample its model cannot read: so does the step it predicts.
-        meta = stream.meta(k)
-        modality = meta.unencoded(encoders)
-        if modality is not None:
-            raise missing_encoder_error(f"sample {meta.sample_id!r} (stream index {k})", modality)
-        return meta
 
     seq = spec.training.seq_length
     replicas = dp if replicas is None else max(1, min(replicas, dp))
@@ -154,19 +179,33 @@ def build_step(
     if sub_units is None and partition is not None:
         sub_units = dict(partition.sub_microbatch_units)
     shape = spec.shape
-    mbs_all = step_microbatches(
-        sample_of,
-        iteration,
-        dp,
-        spec.training.micro_batch_size,
-        m,
-        encoders,
-        pad_to=seq * spec.training.micro_batch_size if pad and pp > 1 else None,
-        max_pad_run=seq,
-        sub_tokens=sub_tokens,
-        flops_of=lambda s: sum(shape.sample_phase_flops(s).values()),
-        sub_units=sub_units,
-    )[:replicas]
+    pad_to = seq * spec.training.micro_batch_size if pad and pp > 1 else None
+
+    def flops_of(s: SampleMeta) -> float:
+        return sum(shape.sample_phase_flops(s).values())
+
+    if balance is None:
+        mbs_all = step_microbatches(
+            sample_of,
+            iteration,
+            dp,
+            spec.training.micro_batch_size,
+            m,
+            encoders,
+            pad_to=pad_to,
+            max_pad_run=seq,
+            sub_tokens=sub_tokens,
+            flops_of=flops_of,
+            sub_units=sub_units,
+        )[:replicas]
+    else:  # post-balanced replicas differ: every one is simulated
+        replicas = dp
+        mbs_all = balance(
+            sample_of,
+            lambda samples: pack_microbatch(
+                samples, encoders, pad_to, seq, sub_tokens, flops_of, sub_units
+            ),
+        )
     name = schedule
     if name == "megatron":
         name = (
@@ -216,7 +255,7 @@ def build_step(
         "tp": spec.parallel.tensor,
         "pp": pp,
         "dp": dp,
-        "num_microbatches": m,
+        "num_microbatches": m if balance is None else max(len(x) for x in mbs_all),
         "workload": workload,
         "iteration": iteration,
         "replicas_simulated": replicas,

@@ -37,6 +37,13 @@ from pipeweaver.ir import Compute, Kind
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
+from pipeweaver.semu.grad_reduce import (
+    BucketReduction,
+    default_bucket_params,
+    last_backward_windows,
+    overlapped_reduction,
+    rank_buckets,
+)
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, replay
@@ -75,6 +82,11 @@ class Semu:
         reuse: False disables every cache (for comparisons; results are identical).
         compute_cost_fn: ``(placement, compute, microbatch) -> ComputeCost`` replacing the time
             model for computes (measured tables, analytic test cases).
+        overlap_grad_reduce: Megatron's ``--overlap-grad-reduce``: DP gradient buckets reduced
+            during the backward (:mod:`pipeweaver.semu.grad_reduce`); False: one reduction per
+            rank after its last backward.
+        bucket_params: Megatron's ``bucket_size`` (parameters); default its
+            :func:`~pipeweaver.semu.grad_reduce.default_bucket_params`.
     """
 
     def __init__(
@@ -85,6 +97,8 @@ class Semu:
         cache: ReuseCache | None = None,
         reuse: bool = True,
         compute_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], ComputeCost] | None = None,
+        overlap_grad_reduce: bool = False,
+        bucket_params: int | None = None,
     ):
         self.spec = spec
         self.cluster = cluster
@@ -95,6 +109,8 @@ class Semu:
         self.pp = spec.parallel.pipeline
         self.dp = spec.parallel.data(cluster.num_devices)
         self.compute_cost_fn = compute_cost_fn
+        self.overlap_grad_reduce = overlap_grad_reduce
+        self.bucket_params = bucket_params or default_bucket_params(self.dp)
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
         self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
@@ -370,6 +386,7 @@ class Semu:
         microbatches: Sequence[Sequence[MicrobatchMeta]],
         balancer_bytes: Mapping[str, Any] | None = None,
         record_events: bool = True,
+        start_delay: Sequence[float] | None = None,
     ) -> StepPrediction:
         """Simulate one step: every DP replica's pipeline, the gradient reduction, the optimizer.
 
@@ -382,6 +399,8 @@ class Semu:
                 sends ``[i][j]`` to j) or bytes per device; each phase's all-to-all runs once
                 forward and once (transposed) in the backward.
             record_events: keep the timeline.
+            start_delay: per pipeline rank, seconds of exchange before its pipeline starts
+                (whole-sample post-balancing's all-to-all, :mod:`pipeweaver.semu.post_balance`).
         """
         if isinstance(schedules, Schedule):
             schedules = [schedules] * len(microbatches)
@@ -398,12 +417,43 @@ class Semu:
             [step_s + self.host_time(mbs, r) for r in range(self.pp)] for mbs in microbatches
         ]
         a2a = self._balancer_time(balancer_bytes)
+        delay = list(start_delay) if start_delay else [0.0] * self.pp
         results = []
         for d, (sched, mbs) in enumerate(zip(schedules, microbatches)):
-            offsets = [s + a2a / 2 for s in host_start[d]]
+            offsets = [s + a2a / 2 + delay[r] for r, s in enumerate(host_start[d])]
+            # The overlapped reduction reads when each chunk's last backward ran.
+            record = record_events or self.overlap_grad_reduce
             results.append(
-                self.simulate_pipeline(sched, mbs, offsets, replica=d, record_events=record_events)
+                self.simulate_pipeline(sched, mbs, offsets, replica=d, record_events=record)
             )
+        return self.finish_step(
+            placement, results, microbatches, host_start, a2a + max(delay), record_events, a2a / 2
+        )
+
+    def finish_step(
+        self,
+        placement: Placement,
+        results: Sequence[PipelineResult],
+        microbatches: Sequence[Sequence[MicrobatchMeta]],
+        host_start: Sequence[Sequence[float]],
+        a2a: float = 0.0,
+        record_events: bool = True,
+        exchange_after: float | None = None,
+    ) -> StepPrediction:
+        """The step after every replica's pipeline: DP gradient reduction, optimizer, figures.
+
+        Args:
+            placement: the chunk layout of every replica.
+            results: per simulated replica, its pipeline (with its compute events when
+                ``overlap_grad_reduce`` is on).
+            microbatches: ``[replica][microbatch]`` (FLOPs for MFU).
+            host_start: per replica and pipeline rank, the host time before its pipeline.
+            a2a: seconds of exchanges on the critical path (the breakdown's ``a2a``).
+            record_events: keep the timeline.
+            exchange_after: seconds of exchange between the last backward and the gradient
+                reduction; default ``a2a / 2`` (the balancer's transposed all-to-all).
+        """
+        after = a2a / 2 if exchange_after is None else exchange_after
         static = self.static_bytes(placement)
         comm = self.cost.comm
         dp_group_intra = self.tp * self.dp <= self.cluster.devices_per_node
@@ -421,15 +471,38 @@ class Semu:
         finish = []
         events: list[Event] = []
         crit = max(range(len(results)), key=lambda d: results[d].makespan)
+        distributed = self.spec.parallel.sharded("optim")
+        windows = None
+        if self.overlap_grad_reduce and self.dp > 1:
+            windows = [
+                [last_backward_windows(res.events, r) for res in results] for r in range(self.pp)
+            ]
         for r in range(self.pp):
-            ready = max(res.rank_end[r] for res in results) + a2a / 2
+            ready = max(res.rank_end[r] for res in results) + after
             # Whole (unsharded) volumes: what the sharded memory keeps is 1/d of what moves.
             grad_bytes = static[r]["params"] * self.spec.training.grad_dtype_bytes
-            if self.spec.parallel.sharded("optim"):
-                weight_bytes = static[r]["params"] * self.spec.shape.params_dtype_bytes
-                ar = comm.reduce_scatter(grad_bytes, self.dp, dp_group_intra) + comm.all_gather(
-                    weight_bytes, self.dp, dp_group_intra
+            weight_bytes = static[r]["params"] * self.spec.shape.params_dtype_bytes
+            gather = comm.all_gather(weight_bytes, self.dp, dp_group_intra)
+            reductions: list[BucketReduction] = []
+            if windows is not None:
+                # Each bucket's reduce-scatter (all-reduce) as soon as its gradients exist.
+                per_param = self.spec.training.grad_dtype_bytes
+                reduce = comm.reduce_scatter if distributed else comm.all_reduce
+                buckets = rank_buckets(
+                    placement,
+                    r,
+                    self.cost.costs.chunk_params,
+                    windows[r],
+                    [res.rank_end[r] for res in results],
+                    self.bucket_params,
                 )
+                reductions = overlapped_reduction(
+                    buckets, lambda n: reduce(n * per_param, self.dp, dp_group_intra)
+                )
+                done = max([ready] + [x.end_s for x in reductions])
+                ar = done - ready + (gather if distributed else 0.0)
+            elif distributed:
+                ar = comm.reduce_scatter(grad_bytes, self.dp, dp_group_intra) + gather
             else:
                 ar = comm.all_reduce(grad_bytes, self.dp, dp_group_intra)
             opt = self.cost.optimizer_time(
@@ -437,8 +510,13 @@ class Semu:
             )
             finish.append(ready + ar + opt + tail)
             if record_events:
-                if ar > 0:
+                for i, x in enumerate(reductions):
+                    events.append(Event(r, x.start_s, x.end_s, f"dp bucket {i}", "allreduce"))
+                if ar > 0 and not reductions:
                     events.append(Event(r, ready, ready + ar, "dp all-reduce", "allreduce"))
+                elif reductions and distributed and gather > 0:
+                    start = ready + ar - gather
+                    events.append(Event(r, start, ready + ar, "dp all-gather", "allreduce"))
                 events.append(Event(r, ready + ar, ready + ar + opt, "optimizer", "optimizer"))
                 if tail > 0:
                     end = ready + ar + opt
@@ -472,7 +550,7 @@ class Semu:
                 "host": max(max(h) for h in host_start),
                 "a2a": a2a,
                 "pipeline": crit_res.makespan - min(crit_res.start),
-                "allreduce_and_optimizer": step - ready_last - a2a / 2,
+                "allreduce_and_optimizer": step - ready_last - after,
             },
             model_flops=flops,
             num_devices=devices,

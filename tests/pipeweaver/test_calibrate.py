@@ -62,7 +62,7 @@ DESCRIBED = {
         "llm": Module(16, 2048, 8192, 32, 8, billions=1.52)}, total_billions=2.18),
     "gpu-check-tiny": Described(1, (1, 1, 1), 4, 256, 8, {
         "vision": Module(2, 32, 64, 4, gated=True), "llm": Module(2, 32, 64, 4, 2)}),
-    "omni-84b": Described(2560, (8, 4, 1), 2, 8192, 1280, {
+    "omni-84b": Described(2560, (8, 4, 1), 2, 8192, 10240, {
         "llm": Module(80, 8192, billions=72),
         "vision": Module(45, 3200, 12800, 25, gated=False),
         "audio": Module(40, 3200, gated=False)}, total_billions=83.8),

@@ -52,6 +52,7 @@ import json
 import time
 from typing import Any, Sequence
 
+from megatron.mllm.cli import semu_balance
 from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
 from orchestration.host_probe import load_calibration
 from orchestration.workload import WorkloadError
@@ -169,9 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory", choices=["none", "recompute", "offload"], help="every stage")
     parser.add_argument(
         "--pad",
-        choices=["megatron", "none"],
+        choices=["megatron", "none", "packed"],
         default="megatron",
-        help="pad microbatches when PP > 1 as the baseline trainer does",
+        help="pad microbatches when PP > 1 as the baseline trainer does; packed: Megatron-LM's "
+        "packed sequences (each rank's samples packed first-fit decreasing into sequences of "
+        "micro batch x sequence length tokens, one per microbatch, padded)",
     )
     parser.add_argument(
         "--set",
@@ -191,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--balancer-bytes", help="JSON: phase -> bytes per device or DP x DP matrix"
     )
+    semu_balance.add_arguments(parser)
     parser.add_argument("--no-check", action="store_true", help="skip the static checker")
     parser.add_argument("--no-reuse", action="store_true", help="disable the reuse caches")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
@@ -215,44 +219,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster = ClusterSpec.load(configs.find_config(args.cluster))
         # The cluster's devices are the run's processes: they fix DP and the checks on it.
-        extra = configs.set_flags(parse_sets(args.set))
+        sets = parse_sets(args.set)
+        extra = configs.set_flags(sets)
+        extra += semu_balance.balance_flags(args, sets, cluster.devices_per_node)
         loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
         spec = loaded.semu
+        post_balance = loaded.run.balance.post_balance
+        semu_balance.check_flags(args, post_balance)
         calibration = None
         if args.calibration:
             calibration = load_calibration(args.calibration, strict=args.strict_calibration)
-        plan = partition_plan(loaded.run, loaded.model, args.calibration)
-        schedules, mbs, info = build_step(
+        semu = Semu(
             spec,
             cluster,
-            schedule=args.schedule,
-            placement=args.placement,
-            chunks_per_rank=_chunks_per_rank(args),
-            memory=args.memory,
-            pad=args.pad == "megatron",
-            workload=args.workload,
-            seed=args.seed,
-            token_scale=args.token_scale,
-            iteration=args.iteration,
-            replicas=args.replicas,
-            encoder_sub_microbatch_tokens=args.encoder_sub_microbatch_tokens,
-            encoder_sub_microbatch_units=sub_microbatch_units(loaded.run, plan),
-            partition=plan,
-            run_checker=not args.no_check,
+            calibration,
+            reuse=not args.no_reuse,
+            overlap_grad_reduce=args.overlap_grad_reduce,
+            bucket_params=args.ddp_bucket_size,
         )
-        if plan is not None:
-            info["partition"] = {
-                "chunks_per_stage": dict(plan.chunks_per_stage),
-                "sub_microbatch_units": dict(plan.sub_microbatch_units),
-                "splits": {m: [list(r) for r in rs] for m, rs in plan.splits.items()},
-            }
-        balancer = None
-        if args.balancer_bytes:
-            balancer = load_balancer_bytes(args.balancer_bytes, info["dp"])
-        semu = Semu(spec, cluster, calibration, reuse=not args.no_reuse)
-        t0 = time.perf_counter()
-        result = semu.simulate_step(schedules, mbs, balancer_bytes=balancer)
-        info["simulation_s"] = time.perf_counter() - t0
+        balanced, held, plan = None, {}, None
+        if post_balance != "none" and spec.parallel.pipeline == 1:
+            t0 = time.perf_counter()
+            result, balanced, info = semu_balance.phase_balanced_step(
+                semu,
+                loaded,
+                calibration,
+                workload=args.workload,
+                seed=args.seed,
+                token_scale=args.token_scale,
+                iteration=args.iteration,
+                memory=args.memory,
+                record_events=True,
+            )
+            info["simulation_s"] = time.perf_counter() - t0
+        else:
+            plan = partition_plan(loaded.run, loaded.model, args.calibration)
+            if post_balance != "none":
+                held["balance"] = semu_balance.sample_balancer(
+                    semu, loaded, calibration, args.iteration, held
+                )
+            elif args.pad == "packed":
+                held["balance"] = semu_balance.packed_baseline(semu, spec, args.iteration)
+            schedules, mbs, info = build_step(
+                spec,
+                cluster,
+                schedule=args.schedule,
+                placement=args.placement,
+                chunks_per_rank=_chunks_per_rank(args),
+                memory=args.memory,
+                pad=args.pad != "none",
+                workload=args.workload,
+                seed=args.seed,
+                token_scale=args.token_scale,
+                iteration=args.iteration,
+                replicas=args.replicas,
+                encoder_sub_microbatch_tokens=args.encoder_sub_microbatch_tokens,
+                encoder_sub_microbatch_units=sub_microbatch_units(loaded.run, plan),
+                partition=plan,
+                run_checker=not args.no_check,
+                balance=held.get("balance"),
+            )
+            if plan is not None:
+                info["partition"] = {
+                    "chunks_per_stage": dict(plan.chunks_per_stage),
+                    "sub_microbatch_units": dict(plan.sub_microbatch_units),
+                    "splits": {m: [list(r) for r in rs] for m, rs in plan.splits.items()},
+                }
+            balancer = None
+            if args.balancer_bytes:
+                balancer = load_balancer_bytes(args.balancer_bytes, info["dp"])
+            balanced = held.get("batches")
+            t0 = time.perf_counter()
+            result = semu.simulate_step(
+                schedules,
+                mbs,
+                balancer_bytes=balancer,
+                start_delay=balanced.exchange_s if balanced is not None else None,
+            )
+            info["simulation_s"] = time.perf_counter() - t0
+        info["post_balance"] = post_balance
+        info["overlap_grad_reduce"] = args.overlap_grad_reduce
+        if balanced is not None:
+            info["balance"] = semu_balance.balance_info(balanced)
     except (WorkloadError, ScheduleError, ValueError) as e:  # ConfigError is a ValueError
         return report_error(str(e))
     except OSError as e:
@@ -280,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"TP={info['tp']} PP={info['pp']} DP={info['dp']}, schedule {info['schedule']} "
             f"({info['placement']} placement), {info['num_microbatches']} microbatches per "
             f"replica, workload {info['workload']} iteration {info['iteration']}"
+            + (f", post-balance {info['post_balance']}" if info["post_balance"] != "none" else "")
+            + (", overlapped DP gradient reduction" if info["overlap_grad_reduce"] else "")
             + (
                 f", {info['replicas_simulated']} replicas simulated"
                 if info["replicas_simulated"] < info["dp"]

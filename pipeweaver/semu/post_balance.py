@@ -1,0 +1,336 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""OrchWeave's full mode in SEMU: batch post-balancing, planned by the trainer's own functions.
+
+The trainer's balanced steps (``megatron.mllm.steps``) plan every iteration from the gathered
+metadata of all DP ranks; SEMU gathers the same metadata (every rank's samples in Megatron's
+sampler order, :func:`gathered_metadata`) and calls the same planners, so the simulated step runs
+exactly the trainer's samples in the trainer's order:
+
+* **per phase, PP = 1** (``PhaseBalancedStep``, OrchMLLM's setting):
+  :func:`orchestration.phase_plan.plan_iteration` plans each encoder phase and the LLM phase;
+  every worker runs each encoder once on all its units, packed; the LLM worker cuts its samples
+  into microbatches with :func:`orchestration.microbatches.form_microbatches`. The step's three
+  all-to-alls (inputs and token ids; encoder outputs to the LLM workers; their gradients back)
+  are collectives: every rank waits for the slowest before the next phase
+  (:func:`simulate_phase_balanced`);
+* **whole samples, PP > 1** (``SampleBalancedStep``):
+  :func:`orchestration.sample_plan.plan_whole_samples` moves whole samples across DP groups,
+  then each group forms its microbatches the same way and runs its pipeline
+  (:func:`sample_balanced_batches`); every pipeline stage moves its samples' token ids (and,
+  where it runs an encoder's input layer, their features) in one all-to-all before its
+  pipeline starts.
+
+Exchanges are costed on the cluster's links with the dispatcher's own routing
+(:func:`orchestration.dispatcher.plan_hops`): one all-to-all, or the node-wise three hops when
+``--node-wise-a2a`` is on. The plans are those of the trainer's first iterations: its online
+cost fit (``--cost-fit``) replaces the starting cost model only after its warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from orchestration.cost_model import CostModel
+from orchestration.dispatcher import plan_hops
+from orchestration.exchange_cost import PayloadBytes
+from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
+from orchestration.microbatches import form_microbatches
+from orchestration.packing import microbatch_indices
+from orchestration.phase_plan import IterationPlan, plan_iteration
+from orchestration.sample_plan import SamplePlan, plan_whole_samples
+from orchestration.workload import SampleMeta
+from pipeweaver.ir import Compute, Kind, Memory
+from pipeweaver.placement import Placement
+from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, pack_microbatch
+from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
+from pipeweaver.semu.simulator import Semu
+
+TOKEN_ID_BYTES = 8.0
+"""Bytes of one token id on the wire (int64, as the loader makes them)."""
+
+
+@dataclass(frozen=True)
+class PostBalanceSetup:
+    """The trainer's post-balancing flags, as SEMU needs them."""
+
+    algorithm: str
+    """The ``orchestration.balance`` algorithm ``--post-balance`` runs (``auto``,
+    ``lpt+refine``, ``kk+refine``)."""
+
+    packing_limit: int
+    """Most LLM tokens of one microbatch (``--micro-batch-size x --seq-length``)."""
+
+    payload: PayloadBytes
+    """Bytes per row of every route (encoder inputs, token ids, encoder outputs)."""
+
+    phases: tuple[str, ...] | None = None
+    """``--balance-phases`` (PP = 1); None: all."""
+
+    caps: Mapping[str, int] = field(default_factory=dict)
+    """``--post-balance-token-caps``: per phase, the most summed tokens a rank may get."""
+
+    gpus_per_node: int = 8
+    """``--gpus-per-node``: DP ranks per node, for the planner's locality and node-wise hops."""
+
+    node_wise: bool = False
+    """``--node-wise-a2a``: the three-hop exchange (one message per node pair)."""
+
+
+@dataclass(frozen=True)
+class BalancedBatches:
+    """One iteration's post-balanced work, per DP rank (PP > 1: per DP group)."""
+
+    samples: list[list[list[SampleMeta]]]
+    """``[rank][microbatch]``: the samples of each LLM microbatch, in order."""
+
+    microbatches: list[list[MicrobatchMeta]]
+    """``[rank][microbatch]``: their shapes, as SEMU reads them."""
+
+    exchange_s: list[float]
+    """PP > 1: per pipeline rank, seconds of its sample all-to-all; PP = 1: the three
+    exchanges (inputs and tokens, encoder outputs, their gradients)."""
+
+    plan: SamplePlan | IterationPlan
+    """The trainer's plan."""
+
+    encoder_work: list[MicrobatchMeta] = field(default_factory=list)
+    """PP = 1: per rank, the encoder units it computes (one sub per encoder: all of them)."""
+
+
+def gathered_metadata(
+    sample_of: Callable[[int], SampleMeta],
+    iteration: int,
+    data_parallel: int,
+    micro_batch_size: int,
+    num_microbatches: int,
+) -> GatheredMetadata:
+    """Every DP rank's samples of ``iteration`` (Megatron's sampler order), as the trainer's
+    loader all-gathers them."""
+    ranks = []
+    for d in range(data_parallel):
+        idx = microbatch_indices(iteration, d, data_parallel, micro_batch_size, num_microbatches)
+        ranks.append([(k, sample_of(k)) for mb in idx for k in mb])
+    return GatheredMetadata.from_rank_samples(ranks)
+
+
+def exchange_seconds(
+    semu: Semu, rows_bytes: np.ndarray, ranks: Sequence[int], setup: PostBalanceSetup
+) -> float:
+    """Seconds of one exchange of ``rows_bytes[src, dst]`` bytes over the DP ranks ``ranks``
+    (global device indices), routed as the dispatcher routes it."""
+    if not np.any(rows_bytes - np.diag(np.diag(rows_bytes))):
+        return 0.0  # every plan kept its rows at home: the dispatcher skips it
+    n = rows_bytes.shape[0]
+    hops = plan_hops(rows_bytes > 0, setup.gpus_per_node if setup.node_wise else None)
+    total = 0.0
+    for hop in hops:
+        matrix = [[0.0] * n for _ in range(n)]
+        for here, row in enumerate(hop.blocks):
+            for nxt, blocks in enumerate(row):
+                matrix[here][nxt] = float(sum(rows_bytes[s, d] for s, d in blocks))
+        total += semu.cost.comm.all_to_all(matrix, ranks)
+    return total
+
+
+def _form(md, costs, tokens, members, m, setup) -> list[list[int]]:
+    """A rank's samples (global indices, in its destination order) cut into microbatches."""
+    labels = [f"sample {md.sample_ids[s]!r}" for s in members]
+    plan = form_microbatches(costs, tokens, m, setup.packing_limit, labels=labels)
+    return [[members[i] for i in mb] for mb in plan.microbatches]
+
+
+def sample_balanced_batches(
+    semu: Semu,
+    metadata: GatheredMetadata,
+    cost_model: CostModel,
+    setup: PostBalanceSetup,
+    num_microbatches: int,
+    pack: Callable[[list[SampleMeta]], MicrobatchMeta],
+    feature_stages: Sequence[int] = (0,),
+) -> BalancedBatches:
+    """PP > 1: whole samples across DP groups, then each group's microbatches (the trainer's
+    ``SampleBalancedStep``).
+
+    Args:
+        semu: the emulator (its cluster and layout cost the exchange).
+        metadata: every DP group's samples (:func:`gathered_metadata`).
+        cost_model: the planner's costs (``CostModel.build`` of the model and calibration).
+        setup: the balancing flags.
+        num_microbatches: the baseline's microbatches per group.
+        pack: samples -> the microbatch's shapes (``pack_microbatch`` with the run's flags).
+        feature_stages: pipeline ranks that run an encoder's input layer (they also move
+            the samples' features).
+
+    Raises:
+        InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
+    """
+    plan = plan_whole_samples(metadata, cost_model, algorithm=setup.algorithm, caps=setup.caps)
+    route = plan.dispatch
+    samples, mbs = [], []
+    for g in range(plan.num_groups):
+        mine = route.dst_items(g)
+        members = [int(plan.items.sample[i]) for i in mine.tolist()]
+        groups = _form(
+            metadata, plan.costs[mine], plan.items.tokens[mine], members, num_microbatches, setup
+        )
+        metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]
+        samples.append(metas)
+        mbs.append([pack(mb) for mb in metas])
+    tokens = route.rows_matrix() * TOKEN_ID_BYTES
+    features = np.zeros_like(tokens, dtype=np.float64)
+    for enc in cost_model.phase_order:
+        if enc == "llm":
+            continue
+        rows = route.with_rows(sample_encoder_tokens(metadata, enc)).rows_matrix()
+        features = features + rows * setup.payload.inputs.get(enc, 0.0)
+    tp, dp = semu.tp, semu.dp
+    exchange = []
+    for r in range(semu.pp):
+        ranks = [tp * (d + dp * r) for d in range(dp)]
+        moved = tokens + features if r in feature_stages else tokens
+        exchange.append(exchange_seconds(semu, moved, ranks, setup))
+    return BalancedBatches(samples, mbs, exchange, plan)
+
+
+def phase_balanced_batches(
+    semu: Semu,
+    metadata: GatheredMetadata,
+    cost_model: CostModel,
+    setup: PostBalanceSetup,
+    num_microbatches: int,
+    flops_of: Callable[[SampleMeta], float],
+) -> BalancedBatches:
+    """PP = 1: every phase balanced across DP ranks, then the LLM workers' microbatches (the
+    trainer's ``PhaseBalancedStep``, planned with its starting cost model).
+
+    Raises:
+        InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
+    """
+    plan = plan_iteration(
+        metadata,
+        cost_model,
+        algorithm=setup.algorithm,
+        phases=setup.phases,
+        caps=dict(setup.caps) or None,
+        gpus_per_node=setup.gpus_per_node,
+    )
+    llm = plan.phase("llm")
+    R = plan.num_ranks
+    samples, mbs, enc_work = [], [], []
+    for d in range(R):
+        mine = llm.dispatch.dst_items(d)
+        members = [int(llm.items.sample[i]) for i in mine.tolist()]
+        groups = _form(
+            metadata, llm.costs[mine], llm.items.tokens[mine], members, num_microbatches, setup
+        )
+        metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]
+        samples.append(metas)
+        # The LLM microbatches carry the samples' FLOPs (all phases) for MFU.
+        mbs.append([pack_microbatch(mb, (), flops_of=flops_of) for mb in metas])
+        encoders = {}
+        for p in plan.phases:
+            if p.phase == "llm":
+                continue
+            items = p.dispatch.dst_items(d)
+            if items.size:
+                units = tuple(int(x) for x in p.items.tokens[items])
+                rows = int(p.items.out_tokens[items].sum())
+                encoders[p.phase] = (SubBatch(units, rows),)
+        enc_work.append(MicrobatchMeta((), 0, encoders))
+    inputs = llm.dispatch.rows_matrix() * TOKEN_ID_BYTES
+    outputs = np.zeros((R, R))
+    for p in plan.phases:
+        if p.phase == "llm":
+            continue
+        inputs = inputs + p.dispatch.rows_matrix() * setup.payload.inputs.get(p.phase, 0.0)
+        outputs = outputs + plan.to_llm[p.phase].rows_matrix() * setup.payload.outputs.get(
+            p.phase, 0.0
+        )
+    ranks = [semu.tp * d for d in range(R)]
+    exchange = [
+        exchange_seconds(semu, inputs, ranks, setup),
+        exchange_seconds(semu, outputs, ranks, setup),
+        exchange_seconds(semu, outputs.T, ranks, setup),
+    ]
+    return BalancedBatches(samples, mbs, exchange, plan, enc_work)
+
+
+def simulate_phase_balanced(
+    semu: Semu, batches: BalancedBatches, memory: Memory = Memory.NONE, record_events: bool = True
+) -> StepPrediction:
+    """One per-phase balanced step at PP = 1: every rank's encoder phases (each encoder once,
+    on all its units), the LLM microbatches (forward, backward), the encoders' backward, with
+    every rank waiting for the slowest at each all-to-all; then the DP reduction and optimizer
+    (:meth:`Semu.finish_step`).
+
+    Raises:
+        ValueError: the model is not at PP = 1.
+    """
+    if semu.pp != 1:
+        raise ValueError("per-phase post-balancing runs with --pipeline-model-parallel-size 1")
+    layers = semu.spec.layers()
+    placement = Placement.baseline(1, layers, 1)
+    encoders = [m for m in layers if m != "llm"]
+    x_in, x_out, x_back = batches.exchange_s
+    R = len(batches.microbatches)
+    host = [semu.host_time(batches.microbatches[d], 0) for d in range(R)]
+    step_s = semu.cost.host.get("step_s", 0.0) * semu.cost.slowdown
+    host = [h + step_s for h in host]
+
+    def cost(module: str, kind: Kind, index: int, mb: MicrobatchMeta):
+        return semu.compute_cost(placement, Compute(module, 0, kind, index, 0, memory), mb)
+
+    # Per rank: (module, kind, microbatch index, cost) in execution order, phase by phase.
+    phases: list[list[list[tuple]]] = []
+    for d in range(R):
+        work = batches.encoder_work[d]
+        enc_f = [(e, Kind.F, 0, cost(e, Kind.F, 0, work)) for e in encoders if work.num_subs(e)]
+        llm = []
+        for i, mb in enumerate(batches.microbatches[d]):
+            llm.append(("llm", Kind.F, i, cost("llm", Kind.F, i, mb)))
+            llm.append(("llm", Kind.B, i, cost("llm", Kind.B, i, mb)))
+        enc_b = [(e, Kind.B, 0, cost(e, Kind.B, 0, work)) for e, _, _, _ in reversed(enc_f)]
+        phases.append([enc_f, llm, enc_b])
+    results = []
+    barrier = max(host) + x_in
+    starts = []
+    for p, hop in enumerate((x_out, x_back, 0.0)):
+        starts.append(barrier)
+        barrier += max(sum(c.time_s for *_, c in ph[p]) for ph in phases) + hop
+    for d in range(R):
+        events, busy, alive, peak, end = [], 0.0, 0.0, 0.0, host[d]
+        for p, start in enumerate(starts):
+            t = start
+            for module, kind, i, c in phases[d][p]:
+                if kind is Kind.F:
+                    peak = max(peak, alive + c.kept_bytes + c.transient_bytes)
+                    alive += c.kept_bytes
+                else:
+                    peak = max(peak, alive + c.transient_bytes)
+                    alive -= cost(module, Kind.F, i, _work(batches, d, module, i)).kept_bytes
+                if record_events or semu.overlap_grad_reduce:
+                    name = f"{module[0]}0{kind.value}{i}"
+                    events.append(Event(0, t, t + c.time_s, name, kind.value, module, i, 0))
+                t += c.time_s
+                busy += c.time_s
+                end = t
+        results.append(PipelineResult(end, [host[d]], [end], [busy], [peak], events))
+    return semu.finish_step(
+        placement,
+        results,
+        batches.microbatches,
+        [[h] for h in host],
+        x_in + x_out + x_back,
+        record_events,
+        exchange_after=0.0,
+    )
+
+
+def _work(batches: BalancedBatches, rank: int, module: str, index: int) -> MicrobatchMeta:
+    """The microbatch a compute of ``module`` ran on (encoders: the rank's encoder work)."""
+    if module == "llm":
+        return batches.microbatches[rank][index]
+    return batches.encoder_work[rank]

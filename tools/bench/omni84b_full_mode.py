@@ -1,0 +1,97 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""OrchWeave's full mode against Megatron on the 84B three-modality model on 2,560 H100 (SEMU).
+
+Usage (from the repository root)::
+
+    python tools/bench/omni84b_full_mode.py [--cases NAME ...] [--iteration 0]
+
+Each case is one ``tools/semu.py`` command line on ``scripts/configs/omni-84b.json`` and
+``h100-2560.json`` (their assumptions are listed in the config). Prints per case the step,
+MFU, the largest peak memory per GPU and whether it fits, the speed-up over the strong Megatron
+baseline (packed, parameter-balanced, overlapped reduction, full recompute: the fastest
+Megatron case that fits 80 GB), and OrchMLLM's published 41.6% MFU and 3.1x beside
+(arXiv 2503.23830 abstract; docs/architecture.md [1]). Ends with
+``omni84b_full_mode_speedup: X`` (the fastest OrchWeave case over the strong baseline). About
+two minutes for all cases (the two dynamic-pipeline cases take most).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+
+from megatron.mllm.cli import semu as semu_cli
+
+PAPER_MFU = 0.416
+"""OrchMLLM's MFU on the 84B model on 2,560 H100 (abstract)."""
+
+PAPER_SPEEDUP = 3.1
+"""OrchMLLM's best throughput over Megatron-LM (abstract: "up to 3.1x")."""
+
+STRONG = "megatron-packed-strong"
+"""The strong Megatron baseline the speed-ups are over."""
+
+CASES = {
+    "megatron-padded": ["--overlap-grad-reduce"],
+    "megatron-packed": ["--pad", "packed", "--overlap-grad-reduce"],
+    STRONG: ["--pad", "packed", "--placement", "balanced", "--memory", "recompute",
+             "--overlap-grad-reduce"],  # fmt: skip
+    "orchweave-pp4-dynamic": ["--post-balance", "auto", "--schedule", "dynamic", "--pad", "none"],
+    "orchweave-pp4-dynamic-recompute": [
+        "--post-balance", "auto", "--schedule", "dynamic", "--pad", "none", "--memory",
+        "recompute",
+    ],  # fmt: skip
+    "orchweave-pp1-per-phase": ["--set", "pipeline-model-parallel-size=1", "--post-balance",
+                                "auto"],  # fmt: skip
+}
+"""Case -> the flags after ``--model omni-84b --cluster h100-2560``."""
+
+
+def simulate(flags: list[str], iteration: int) -> dict:
+    """One case's ``tools/semu.py --json`` object.
+
+    Raises:
+        RuntimeError: the command failed (its ``error:`` line).
+    """
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--model", "omni-84b", "--cluster", "h100-2560", "--json", "--iteration",
+            str(iteration), *flags]  # fmt: skip
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = semu_cli.main(argv)
+    if status != 0:
+        raise RuntimeError(err.getvalue().strip())
+    return json.loads(out.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the cases; print the table and the closing figure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--iteration", type=int, default=0)
+    args = parser.parse_args(argv)
+    cases = list(dict.fromkeys([STRONG, *args.cases]))
+    got = {name: simulate(CASES[name], args.iteration) for name in cases}
+    base = got[STRONG]["step_time_s"]
+    print(f"{'case':<34} {'step s':>8} {'MFU':>7} {'peak GiB':>9} {'fits':>5} {'speed-up':>9}")
+    best = 0.0
+    for name in cases:
+        r = got[name]
+        peak = max(r["peak_memory_bytes"]) / 2**30
+        fits = not r["over_memory_ranks"]
+        speedup = base / r["step_time_s"]
+        if name.startswith("orchweave"):
+            best = max(best, speedup)
+        print(f"{name:<34} {r['step_time_s']:>8.3f} {r['mfu']:>7.1%} {peak:>9.1f} "
+              f"{'yes' if fits else 'no':>5} {speedup:>8.2f}x")  # fmt: skip
+    print(
+        f"{'OrchMLLM (paper)':<34} {'':>8} {PAPER_MFU:>7.1%} {'':>9} {'':>5} {PAPER_SPEEDUP:>8.2f}x"
+    )
+    print(f"omni84b_full_mode_speedup: {best:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
