@@ -9,8 +9,9 @@ generates each replica's schedule. ``tools/semu.py`` is its command line.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
+from orchestration.packing import microbatch_indices
 from orchestration.workload import SampleMeta, missing_encoder_error
 from orchestration.workload_spec import SampleStream
 from pipeweaver.checker import check
@@ -72,6 +73,7 @@ def build_step(
     encoder_sub_microbatch_units: Mapping[str, int] | None = None,
     partition: PartitionPlan | None = None,
     run_checker: bool = True,
+    check_samples: Callable[[Sequence[Sequence[tuple[int, SampleMeta]]]], None] | None = None,
 ) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
     """The schedules and microbatches of one step, per DP replica.
 
@@ -100,6 +102,10 @@ def build_step(
             (``chunks_per_rank`` is then ignored), and without ``encoder_sub_microbatch_units``
             the encoders' subs take its B_i.
         run_checker: validate every schedule with :func:`pipeweaver.checker.check`.
+        check_samples: called with every DP rank's ``(stream index, sample)`` pairs of the
+            iteration (all replicas, in loading order) before they are packed: the trainer's
+            checks of a batch (``tools/semu.py`` passes its ``--seq-length`` check), raising
+            what the trainer would.
 
     Returns:
         ``(schedules, microbatches, info)``: one schedule and one microbatch list per simulated
@@ -132,6 +138,16 @@ def build_step(
         return meta
 
     seq = spec.training.seq_length
+    if check_samples is not None:
+        # The trainer checks the whole global batch, whatever the replicas simulated; the
+        # samples drawn here are kept so that packing does not draw them again.
+        drawn: dict[int, SampleMeta] = {}
+        rank_samples = []
+        for d in range(dp):
+            ks = microbatch_indices(iteration, d, dp, spec.training.micro_batch_size, m)
+            rank_samples.append([(k, drawn.setdefault(k, sample_of(k))) for mb in ks for k in mb])
+        check_samples(rank_samples)
+        sample_of = drawn.__getitem__
     replicas = dp if replicas is None else max(1, min(replicas, dp))
     sub_tokens = encoder_sub_microbatch_tokens
     if sub_tokens is None:
