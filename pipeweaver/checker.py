@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.dataflow import all_computes, consumers, data_inputs
+from pipeweaver.dataflow import all_computes, check_compute, consumers, data_inputs, num_computes
 from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -93,7 +93,7 @@ def check(
             if not isinstance(a, Compute):
                 continue
             try:
-                data_inputs(a, placement, structure)
+                check_compute(a.key, placement, structure)  # what data_inputs would raise
             except ScheduleError as e:
                 raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
             home = placement.rank_of(a.module, a.chunk)
@@ -105,7 +105,12 @@ def check(
                 pr, pi, _ = seen[a.key]
                 raise ScheduleError(f"the compute already ran at rank {pr} action {pi}", r, i, a)
             seen[a.key] = (r, i, a)
-    for compute in all_computes(placement, structure):
+    # Every compute seen is valid and seen once: as many as the step has means none is missing.
+    for compute in (
+        ()
+        if len(seen) == num_computes(placement, structure)
+        else all_computes(placement, structure)
+    ):
         if compute not in seen:
             raise ScheduleError(
                 "missing: the step needs this compute but no rank runs it",
@@ -125,7 +130,9 @@ def check(
                     a,
                 )
 
-    # 2. comms: valid endpoints, sends after their producer.
+    # 2. comms: valid endpoints, sends after their producer. A tensor's consumers are listed
+    # once, for its send and its receive.
+    consumers_of: dict[Compute, list] = {}
     for r, actions in enumerate(ranks):
         produced: set[Compute] = set()
         for i, a in enumerate(actions):
@@ -135,7 +142,9 @@ def check(
             if a.peer == r or a.peer >= schedule.num_ranks:
                 raise ScheduleError(f"peer {a.peer} is not another rank of the pipeline", r, i, a)
             try:
-                cons = consumers(a.tensor, placement, structure)
+                cons = consumers_of.get(a.tensor)
+                if cons is None:
+                    cons = consumers_of[a.tensor] = consumers(a.tensor, placement, structure)
             except ScheduleError as e:
                 raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
             producer_rank = placement.rank_of(a.tensor.module, a.tensor.chunk)

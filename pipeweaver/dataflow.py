@@ -86,7 +86,23 @@ def all_computes(placement: Placement, structure: MicrobatchStructure) -> Iterat
                         yield Compute(module, c, kind, m, s)
 
 
-def _check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
+def num_computes(placement: Placement, structure: MicrobatchStructure) -> int:
+    """How many computes (F and B) the step has: :func:`all_computes`'s count, without making
+    them."""
+    total = 0
+    for m in range(structure.num_microbatches):
+        for module in placement.modules:
+            subs = 1 if module == "llm" else structure.num_subs(module, m)
+            total += 2 * subs * placement.num_chunks(module)
+    return total
+
+
+def check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
+    """Raise unless the compute exists in this placement and structure.
+
+    Raises:
+        ScheduleError: naming what it does not have (module, chunk, microbatch or sub).
+    """
     if a.module not in placement.chunks:
         raise ScheduleError(f"the model has no {a.module} module", action=a)
     if a.chunk >= placement.num_chunks(a.module):
@@ -117,7 +133,7 @@ def data_inputs(
         ScheduleError: the compute does not exist in this placement and structure.
     """
     a = action.key
-    _check_compute(a, placement, structure)
+    check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk > 0:
@@ -148,7 +164,7 @@ def dependencies(
         ScheduleError: the action names a compute that does not exist.
     """
     if isinstance(action, Comm):
-        _check_compute(action.tensor, placement, structure)
+        check_compute(action.tensor, placement, structure)
         return (action.tensor,)
     deps = [p for p, _ in data_inputs(action, placement, structure)]
     if action.kind is Kind.B:
@@ -188,7 +204,7 @@ def consumers(
         ScheduleError: the compute does not exist.
     """
     a = action.key
-    _check_compute(a, placement, structure)
+    check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk < last:

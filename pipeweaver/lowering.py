@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeweaver.dataflow import consumers, data_inputs
+from pipeweaver.dataflow import (
+    MicrobatchStructure,
+    check_compute,
+    consumers,
+    data_inputs,
+    num_computes,
+)
 from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -37,29 +43,35 @@ def lower(schedule: Schedule) -> Schedule:
             if a.key in where:
                 raise ScheduleError("the compute appears twice", r, i, a)
             where[a.key] = (r, i)
-    for r, computes in enumerate(order):
-        for i, a in enumerate(computes):
-            for producer, _ in data_inputs(a, placement, structure):
-                if producer not in where:
-                    raise ScheduleError(f"it needs {producer}, which no rank runs", r, i, a)
+    if not _runs_every_compute(where, placement, structure):
+        for r, computes in enumerate(order):
+            for i, a in enumerate(computes):
+                for producer, _ in data_inputs(a, placement, structure):
+                    if producer not in where:
+                        raise ScheduleError(f"it needs {producer}, which no rank runs", r, i, a)
 
     # Sends, right after each producer, in the order of ``consumers`` (schedule-independent, so
     # that SEMU times a compute-only order exactly as its lowered form).
     out: list[list] = [[] for _ in order]
     sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)  # (src, dst) -> edges in order
+    # (dst, tensor, part) -> position on dst of the first consumer there of that part
+    first_use: dict[tuple, int] = {}
+    rank_of = placement.rank_of
     for r, computes in enumerate(order):
         for a in computes:
             out[r].append(a)
             remote = []
             for consumer, part in consumers(a, placement, structure):
-                dst = placement.rank_of(consumer.module, consumer.chunk)
+                dst = rank_of(consumer.module, consumer.chunk)
                 if dst == r:
                     continue
                 if consumer not in where:
                     raise ScheduleError(
                         f"its consumer {consumer} is not scheduled on any rank", r, None, a
                     )
-                remote.append((dst, where[consumer][1], part))
+                pos = where[consumer][1]
+                remote.append((dst, pos, part))
+                first_use.setdefault((dst, a.key, part), pos)
             for dst, _, part in remote:
                 out[r].append(Comm(CommOp.SEND, dst, a.key, part))
                 sent[(r, dst)].append((a.key, part))
@@ -68,14 +80,7 @@ def lower(schedule: Schedule) -> Schedule:
     # each pair's receives follow its sends' order.
     recvs_before: list[dict[int, list[Comm]]] = [defaultdict(list) for _ in order]
     for (src, dst), edges in sorted(sent.items()):
-        positions = []
-        for tensor, part in edges:
-            consumer_pos = None
-            for consumer, cpart in consumers(tensor, placement, structure):
-                if cpart == part and placement.rank_of(consumer.module, consumer.chunk) == dst:
-                    consumer_pos = where[consumer][1]
-                    break
-            positions.append(consumer_pos)
+        positions = [first_use[(dst, tensor, part)] for tensor, part in edges]
         for k in range(len(positions) - 2, -1, -1):
             positions[k] = min(positions[k], positions[k + 1])
         for (tensor, part), pos in zip(edges, positions):
@@ -92,3 +97,19 @@ def lower(schedule: Schedule) -> Schedule:
             lst.append(a)
         final.append(tuple(lst))
     return Schedule(placement, structure, tuple(final), schedule.name)
+
+
+def _runs_every_compute(
+    where: dict[Compute, tuple[int, int]], placement, structure: MicrobatchStructure
+) -> bool:
+    """Whether the scheduled computes are exactly the step's: then every producer is scheduled,
+    and the per-input check is skipped (a count and a validity test per compute are cheaper
+    than listing every compute's inputs)."""
+    if len(where) != num_computes(placement, structure):
+        return False
+    try:
+        for a in where:
+            check_compute(a, placement, structure)
+    except ScheduleError:
+        return False
+    return True
