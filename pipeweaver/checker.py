@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.dataflow import all_computes, check_compute, consumers, data_inputs, num_computes
+from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow, num_computes
 from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -85,6 +85,9 @@ def check(
     """
     placement, structure = schedule.placement, schedule.structure
     ranks = schedule.actions
+    # The step's data flow, listed once (shared with the scheduler and the lowering that made
+    # the schedule); a compute not in it is checked by check_compute, which names its fault.
+    flow = data_flow(placement, structure)
 
     # 1. computes: valid, placed, unique, complete; memory strategies paired.
     seen: dict[Compute, tuple[int, int, Compute]] = {}
@@ -93,7 +96,8 @@ def check(
             if not isinstance(a, Compute):
                 continue
             try:
-                check_compute(a.key, placement, structure)  # what data_inputs would raise
+                if a.key not in flow.inputs:
+                    check_compute(a.key, placement, structure)  # what data_inputs would raise
             except ScheduleError as e:
                 raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
             home = placement.rank_of(a.module, a.chunk)
@@ -130,9 +134,7 @@ def check(
                     a,
                 )
 
-    # 2. comms: valid endpoints, sends after their producer. A tensor's consumers are listed
-    # once, for its send and its receive.
-    consumers_of: dict[Compute, list] = {}
+    # 2. comms: valid endpoints, sends after their producer.
     for r, actions in enumerate(ranks):
         produced: set[Compute] = set()
         for i, a in enumerate(actions):
@@ -142,9 +144,9 @@ def check(
             if a.peer == r or a.peer >= schedule.num_ranks:
                 raise ScheduleError(f"peer {a.peer} is not another rank of the pipeline", r, i, a)
             try:
-                cons = consumers_of.get(a.tensor)
+                cons = flow.outputs.get(a.tensor)
                 if cons is None:
-                    cons = consumers_of[a.tensor] = consumers(a.tensor, placement, structure)
+                    cons = consumers(a.tensor, placement, structure)
             except ScheduleError as e:
                 raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
             producer_rank = placement.rank_of(a.tensor.module, a.tensor.chunk)
@@ -189,7 +191,7 @@ def check(
                 continue
             if a.kind is Kind.B and a.key.partner() not in have:
                 raise ScheduleError(f"runs before its forward {a.key.partner()}", r, i, a)
-            for producer, part in data_inputs(a, placement, structure):
+            for producer, part in flow.inputs[a.key]:  # a is valid (check 1)
                 home = placement.rank_of(producer.module, producer.chunk)
                 if home == r:
                     if producer not in have:

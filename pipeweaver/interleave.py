@@ -22,7 +22,7 @@ import heapq
 from typing import Callable, Protocol, Sequence
 
 from orchestration.model_shape import ModelShape
-from pipeweaver.dataflow import MicrobatchStructure, all_computes, dependencies
+from pipeweaver.dataflow import MicrobatchStructure, data_flow
 from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
@@ -129,7 +129,8 @@ def greedy_dual_queue(
         if activation_bytes is None:
             raise ScheduleError("memory_limit needs activation_bytes")
         limits = _per_rank(memory_limit, P, "memory_limit")
-    computes = list(all_computes(placement, structure))
+    flow = data_flow(placement, structure)
+    computes = list(flow.computes)
     kept: dict[Compute, float] = {}
 
     def kept_bytes(a: Compute) -> float:
@@ -155,7 +156,7 @@ def greedy_dual_queue(
     for window in windows:
         try:
             order = _interleave(
-                placement, structure, computes, duration, p2p_time, priority, memory, caps,
+                placement, structure, flow, duration, p2p_time, priority, memory, caps,
                 limits, kept_bytes if activation_bytes is not None else None, window,
             )  # fmt: skip
         except _MemoryDeadlock as e:
@@ -201,7 +202,7 @@ def _check_microbatches_fit(computes, placement, limits, kept_bytes) -> None:
 class _IndexedQueue:
     """One rank's forward or backward queue, indexed for the greedy pass without limits.
 
-    Entries are ``(earliest start, priority, compute)``. A rank's clock only moves forward, so
+    Entries are ``(earliest start, priority, compute, index)``. A rank's clock only moves forward, so
     an entry that can start at the rank's clock can start at every later one: such entries
     move once from ``waiting`` (a heap by start, then priority) to ``ready`` (a heap by
     priority, then start). The highest-priority startable entry and the earliest one are then
@@ -219,7 +220,8 @@ class _IndexedQueue:
 
     def push(self, entry: tuple, now: float) -> None:
         if entry[0] <= now:
-            heapq.heappush(self.ready, (entry[1], entry[0], entry[2]))
+            t, key, a, i = entry
+            heapq.heappush(self.ready, (key, t, a, i))
         else:
             heapq.heappush(self.waiting, entry)
 
@@ -227,11 +229,11 @@ class _IndexedQueue:
         """The highest-priority entry that can start at ``now``, else the earliest one."""
         waiting, ready = self.waiting, self.ready
         while waiting and waiting[0][0] <= now:
-            t, key, a = heapq.heappop(waiting)
-            heapq.heappush(ready, (key, t, a))
+            t, key, a, i = heapq.heappop(waiting)
+            heapq.heappush(ready, (key, t, a, i))
         if ready:
-            key, t, a = ready[0]
-            return t, key, a
+            key, t, a, i = ready[0]
+            return t, key, a, i
         return waiting[0] if waiting else None
 
     def remove(self, entry: tuple) -> None:
@@ -288,7 +290,7 @@ class _ScannedQueue:
 
 
 def _interleave(
-    placement, structure, computes, duration, p2p_time, priority, memory, caps, limits,
+    placement, structure, flow, duration, p2p_time, priority, memory, caps, limits,
     kept_bytes, window,
 ) -> list[list[Compute]]:  # fmt: skip
     """One greedy pass; ``window``: forwards only of microbatches at most this far past the
@@ -299,18 +301,26 @@ def _interleave(
             memory.
     """
     P = placement.num_ranks
-    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in computes}
-    # Each compute's dependencies, kept: its start is the latest of their ends (plus a hop).
-    needs = {a: dependencies(a, placement, structure) for a in computes}
-    missing = {a: len(deps) for a, deps in needs.items()}
-    dependents: dict[Compute, list[Compute]] = {a: [] for a in computes}
-    for a in computes:
-        for d in needs[a]:
-            dependents[d].append(a)
-    end: dict[Compute, float] = {}
+    computes = flow.computes
+    # The pass runs on indices into ``computes`` (hashing a Compute is a Python call).
+    index = {a: i for i, a in enumerate(computes)}
+    rank_of = [placement.rank_of(a.module, a.chunk) for a in computes]
+    # Each compute's dependencies (dataflow.dependencies, from the shared listing), kept: its
+    # start is the latest of their ends (plus a hop). The F of a B is its neighbour before it
+    # (DataFlow.computes lists each F/B pair side by side, F first).
+    needs: list[tuple[int, ...]] = []
+    for i, a in enumerate(computes):
+        producers = tuple(index[p] for p, _ in flow.inputs[a])
+        needs.append((i - 1, *producers) if a.kind is Kind.B else producers)
+    missing = [len(deps) for deps in needs]
+    dependents: list[list[int]] = [[] for _ in computes]
+    for i, deps in enumerate(needs):
+        for d in deps:
+            dependents[d].append(i)
+    end = [0.0] * len(computes)
     # Per rank and kind, a queue of (earliest start, priority, compute); the first compute's
     # key picks the queue kind (every key of one priority function has one type).
-    first = next((a for a in computes if missing[a] == 0), None)
+    first = next((a for i, a in enumerate(computes) if missing[i] == 0), None)
     indexed = limits is None and first is not None and type(priority(first)) is tuple
     queue = _IndexedQueue if indexed else _ScannedQueue
     queues: list[dict[Kind, _IndexedQueue | _ScannedQueue]] = [
@@ -332,13 +342,15 @@ def _interleave(
             return False
         return limits[r] is None or used[r] + kept_bytes(a) <= limits[r]
 
-    def push(a: Compute, t: float) -> None:
-        r = rank_of[a]
-        queues[r][a.kind].push((t, priority(a), a), t_last[r])
+    def push(i: int, t: float) -> None:
+        # (start, priority, compute, index): the index is never compared (computes differ).
+        a = computes[i]
+        r = rank_of[i]
+        queues[r][a.kind].push((t, priority(a), a, i), t_last[r])
 
-    for a in computes:
-        if missing[a] == 0:
-            push(a, 0.0)
+    for i in range(len(computes)):
+        if missing[i] == 0:
+            push(i, 0.0)
 
     def best(r: int, kind: Kind, now: float):
         """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
@@ -389,11 +401,11 @@ def _interleave(
             entry = bw if last_kind[r] is Kind.F else fw
         else:
             entry = min((e for e in (fw, bw) if e is not None), key=lambda e: (e[0], e[1]))
-        a = entry[2]
+        a, i = entry[2], entry[3]
         queues[r][a.kind].remove(entry)
         begin = max(now, entry[0])
         finish = begin + float(duration(a))
-        end[a] = finish
+        end[i] = finish
         t_last[r] = finish
         last_kind[r] = a.kind
         order[r].append(a.with_memory(memory) if with_memory else a)
@@ -405,7 +417,7 @@ def _interleave(
             while oldest < len(backwards_left) and backwards_left[oldest] == 0:
                 oldest += 1
         placed += 1
-        for d in dependents[a]:
+        for d in dependents[i]:
             missing[d] -= 1
             if missing[d] == 0:
                 t = 0.0

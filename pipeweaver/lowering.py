@@ -21,6 +21,7 @@ from pipeweaver.dataflow import (
     MicrobatchStructure,
     check_compute,
     consumers,
+    data_flow,
     data_inputs,
     num_computes,
 )
@@ -57,11 +58,15 @@ def lower(schedule: Schedule) -> Schedule:
     # (dst, tensor, part) -> position on dst of the first consumer there of that part
     first_use: dict[tuple, int] = {}
     rank_of = placement.rank_of
+    outputs = data_flow(placement, structure).outputs
     for r, computes in enumerate(order):
         for a in computes:
             out[r].append(a)
             remote = []
-            for consumer, part in consumers(a, placement, structure):
+            listed = outputs.get(a.key)
+            if listed is None:  # not a compute of this step: consumers names what it lacks
+                listed = consumers(a, placement, structure)
+            for consumer, part in listed:
                 dst = rank_of(consumer.module, consumer.chunk)
                 if dst == r:
                     continue
