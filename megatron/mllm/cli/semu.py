@@ -42,7 +42,14 @@ encoders' subs by its B_i, and print why (``--calibration``'s costs, else the FL
     config: {model, cluster, schedule, placement, tp, pp, dp, num_microbatches, workload,
              iteration, replicas_simulated}
 
-Errors print one ``error:`` line on stderr and exit with status 2.
+Errors print one ``error:`` line on stderr and exit with status 2. SEMU refuses what it
+cannot simulate truthfully, as the trainer would refuse to run it: a ``--set`` key that is not
+one of the trainer's flags (the closest ones are named), a sample longer than ``--seq-length``
+(the trainer's own check, naming the sample, its stream index and DP rank; under
+``--overlong-samples truncate|drop`` such a batch is refused as not simulated), and a layout
+the trainer's parser rejects: ``--schedule 1f1b|interleaved|dynamic`` is passed to it as
+``--pipeline-schedule``, and with ``dynamic`` ``--chunks-per-rank m=K`` as
+``--m-chunks-per-stage K``.
 """
 
 from __future__ import annotations
