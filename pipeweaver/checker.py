@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow, num_computes
+from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow
 from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -110,11 +110,7 @@ def check(
                 raise ScheduleError(f"the compute already ran at rank {pr} action {pi}", r, i, a)
             seen[a.key] = (r, i, a)
     # Every compute seen is valid and seen once: as many as the step has means none is missing.
-    for compute in (
-        ()
-        if len(seen) == num_computes(placement, structure)
-        else all_computes(placement, structure)
-    ):
+    for compute in (() if len(seen) == len(flow.computes) else all_computes(placement, structure)):
         if compute not in seen:
             raise ScheduleError(
                 "missing: the step needs this compute but no rank runs it",
@@ -134,7 +130,9 @@ def check(
                     a,
                 )
 
-    # 2. comms: valid endpoints, sends after their producer.
+    # 2. comms: valid endpoints, sends after their producer. Each transfer's consumer ranks
+    # are found once, for its send and its receive.
+    consumer_ranks_of: dict[tuple, frozenset[int]] = {}
     for r, actions in enumerate(ranks):
         produced: set[Compute] = set()
         for i, a in enumerate(actions):
@@ -143,14 +141,18 @@ def check(
                 continue
             if a.peer == r or a.peer >= schedule.num_ranks:
                 raise ScheduleError(f"peer {a.peer} is not another rank of the pipeline", r, i, a)
-            try:
-                cons = flow.outputs.get(a.tensor)
-                if cons is None:
-                    cons = consumers(a.tensor, placement, structure)
-            except ScheduleError as e:
-                raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
+            consumer_ranks = consumer_ranks_of.get(a.edge)
+            if consumer_ranks is None:
+                try:
+                    cons = flow.outputs.get(a.tensor)
+                    if cons is None:
+                        cons = consumers(a.tensor, placement, structure)
+                except ScheduleError as e:
+                    raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
+                consumer_ranks = consumer_ranks_of[a.edge] = frozenset(
+                    placement.rank_of(c.module, c.chunk) for c, p in cons if p == a.part
+                )
             producer_rank = placement.rank_of(a.tensor.module, a.tensor.chunk)
-            consumer_ranks = {placement.rank_of(c.module, c.chunk) for c, p in cons if p == a.part}
             if not consumer_ranks:
                 raise ScheduleError(f"no compute consumes {a.tensor} part {a.part}", r, i, a)
             if a.is_send:

@@ -89,17 +89,6 @@ def all_computes(placement: Placement, structure: MicrobatchStructure) -> Iterat
                         yield Compute(module, c, kind, m, s)
 
 
-def num_computes(placement: Placement, structure: MicrobatchStructure) -> int:
-    """How many computes (F and B) the step has: :func:`all_computes`'s count, without making
-    them."""
-    total = 0
-    for m in range(structure.num_microbatches):
-        for module in placement.modules:
-            subs = 1 if module == "llm" else structure.num_subs(module, m)
-            total += 2 * subs * placement.num_chunks(module)
-    return total
-
-
 def check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
     """Raise unless the compute exists in this placement and structure.
 

@@ -17,14 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeweaver.dataflow import (
-    MicrobatchStructure,
-    check_compute,
-    consumers,
-    data_flow,
-    data_inputs,
-    num_computes,
-)
+from pipeweaver.dataflow import consumers, data_flow, data_inputs
 from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -44,7 +37,10 @@ def lower(schedule: Schedule) -> Schedule:
             if a.key in where:
                 raise ScheduleError("the compute appears twice", r, i, a)
             where[a.key] = (r, i)
-    if not _runs_every_compute(where, placement, structure):
+    flow = data_flow(placement, structure)
+    # When the schedule runs exactly the step's computes (as many, each one of them), every
+    # producer is scheduled: the per-input check below is skipped.
+    if len(where) != len(flow.computes) or not all(a in flow.inputs for a in where):
         for r, computes in enumerate(order):
             for i, a in enumerate(computes):
                 for producer, _ in data_inputs(a, placement, structure):
@@ -58,7 +54,7 @@ def lower(schedule: Schedule) -> Schedule:
     # (dst, tensor, part) -> position on dst of the first consumer there of that part
     first_use: dict[tuple, int] = {}
     rank_of = placement.rank_of
-    outputs = data_flow(placement, structure).outputs
+    outputs = flow.outputs
     for r, computes in enumerate(order):
         for a in computes:
             out[r].append(a)
@@ -102,19 +98,3 @@ def lower(schedule: Schedule) -> Schedule:
             lst.append(a)
         final.append(tuple(lst))
     return Schedule(placement, structure, tuple(final), schedule.name)
-
-
-def _runs_every_compute(
-    where: dict[Compute, tuple[int, int]], placement, structure: MicrobatchStructure
-) -> bool:
-    """Whether the scheduled computes are exactly the step's: then every producer is scheduled,
-    and the per-input check is skipped (a count and a validity test per compute are cheaper
-    than listing every compute's inputs)."""
-    if len(where) != num_computes(placement, structure):
-        return False
-    try:
-        for a in where:
-            check_compute(a, placement, structure)
-    except ScheduleError:
-        return False
-    return True
