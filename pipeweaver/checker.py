@@ -37,7 +37,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from pipeweaver.dataflow import all_computes, consumers, data_inputs
+from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow
 from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -85,6 +85,9 @@ def check(
     """
     placement, structure = schedule.placement, schedule.structure
     ranks = schedule.actions
+    # The step's data flow, listed once (shared with the scheduler and the lowering that made
+    # the schedule); a compute not in it is checked by check_compute, which names its fault.
+    flow = data_flow(placement, structure)
 
     # 1. computes: valid, placed, unique, complete; memory strategies paired.
     seen: dict[Compute, tuple[int, int, Compute]] = {}
@@ -93,7 +96,8 @@ def check(
             if not isinstance(a, Compute):
                 continue
             try:
-                data_inputs(a, placement, structure)
+                if a.key not in flow.inputs:
+                    check_compute(a.key, placement, structure)  # what data_inputs would raise
             except ScheduleError as e:
                 raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
             home = placement.rank_of(a.module, a.chunk)
@@ -105,7 +109,8 @@ def check(
                 pr, pi, _ = seen[a.key]
                 raise ScheduleError(f"the compute already ran at rank {pr} action {pi}", r, i, a)
             seen[a.key] = (r, i, a)
-    for compute in all_computes(placement, structure):
+    # Every compute seen is valid and seen once: as many as the step has means none is missing.
+    for compute in (() if len(seen) == len(flow.computes) else all_computes(placement, structure)):
         if compute not in seen:
             raise ScheduleError(
                 "missing: the step needs this compute but no rank runs it",
@@ -125,7 +130,9 @@ def check(
                     a,
                 )
 
-    # 2. comms: valid endpoints, sends after their producer.
+    # 2. comms: valid endpoints, sends after their producer. Each transfer's consumer ranks
+    # are found once, for its send and its receive.
+    consumer_ranks_of: dict[tuple, frozenset[int]] = {}
     for r, actions in enumerate(ranks):
         produced: set[Compute] = set()
         for i, a in enumerate(actions):
@@ -134,12 +141,18 @@ def check(
                 continue
             if a.peer == r or a.peer >= schedule.num_ranks:
                 raise ScheduleError(f"peer {a.peer} is not another rank of the pipeline", r, i, a)
-            try:
-                cons = consumers(a.tensor, placement, structure)
-            except ScheduleError as e:
-                raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
+            consumer_ranks = consumer_ranks_of.get(a.edge)
+            if consumer_ranks is None:
+                try:
+                    cons = flow.outputs.get(a.tensor)
+                    if cons is None:
+                        cons = consumers(a.tensor, placement, structure)
+                except ScheduleError as e:
+                    raise ScheduleError(str(e).split(": ", 1)[-1], r, i, a) from None
+                consumer_ranks = consumer_ranks_of[a.edge] = frozenset(
+                    placement.rank_of(c.module, c.chunk) for c, p in cons if p == a.part
+                )
             producer_rank = placement.rank_of(a.tensor.module, a.tensor.chunk)
-            consumer_ranks = {placement.rank_of(c.module, c.chunk) for c, p in cons if p == a.part}
             if not consumer_ranks:
                 raise ScheduleError(f"no compute consumes {a.tensor} part {a.part}", r, i, a)
             if a.is_send:
@@ -180,7 +193,7 @@ def check(
                 continue
             if a.kind is Kind.B and a.key.partner() not in have:
                 raise ScheduleError(f"runs before its forward {a.key.partner()}", r, i, a)
-            for producer, part in data_inputs(a, placement, structure):
+            for producer, part in flow.inputs[a.key]:  # a is valid (check 1)
                 home = placement.rank_of(producer.module, producer.chunk)
                 if home == r:
                     if producer not in have:

@@ -20,6 +20,8 @@ saved activations of an F never do); :func:`dependency_graph` prepares them for 
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
@@ -76,7 +78,8 @@ class MicrobatchStructure:
 
 
 def all_computes(placement: Placement, structure: MicrobatchStructure) -> Iterator[Compute]:
-    """Every compute (F and B) the step must run, without memory strategies."""
+    """Every compute (F and B) the step must run, without memory strategies; the B of each F
+    comes right after it (:class:`DataFlow` users rely on this)."""
     for m in range(structure.num_microbatches):
         for module in placement.modules:
             subs = 1 if module == "llm" else structure.num_subs(module, m)
@@ -86,7 +89,12 @@ def all_computes(placement: Placement, structure: MicrobatchStructure) -> Iterat
                         yield Compute(module, c, kind, m, s)
 
 
-def _check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
+def check_compute(a: Compute, placement: Placement, structure: MicrobatchStructure) -> None:
+    """Raise unless the compute exists in this placement and structure.
+
+    Raises:
+        ScheduleError: naming what it does not have (module, chunk, microbatch or sub).
+    """
     if a.module not in placement.chunks:
         raise ScheduleError(f"the model has no {a.module} module", action=a)
     if a.chunk >= placement.num_chunks(a.module):
@@ -117,7 +125,7 @@ def data_inputs(
         ScheduleError: the compute does not exist in this placement and structure.
     """
     a = action.key
-    _check_compute(a, placement, structure)
+    check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk > 0:
@@ -148,7 +156,7 @@ def dependencies(
         ScheduleError: the action names a compute that does not exist.
     """
     if isinstance(action, Comm):
-        _check_compute(action.tensor, placement, structure)
+        check_compute(action.tensor, placement, structure)
         return (action.tensor,)
     deps = [p for p, _ in data_inputs(action, placement, structure)]
     if action.kind is Kind.B:
@@ -188,7 +196,7 @@ def consumers(
         ScheduleError: the compute does not exist.
     """
     a = action.key
-    _check_compute(a, placement, structure)
+    check_compute(a, placement, structure)
     last = placement.num_chunks(a.module) - 1
     if a.kind is Kind.F:
         if a.chunk < last:
@@ -205,3 +213,52 @@ def consumers(
         for enc in placement.encoders
         for s in range(structure.num_subs(enc, a.microbatch))
     ]
+
+
+@dataclass(frozen=True)
+class DataFlow:
+    """Every compute of one step with what it consumes and who consumes it, listed once.
+
+    The greedy scheduler, the lowering, the checker and SEMU's replay each walk the whole data
+    flow of a schedule; :func:`data_flow` lets them share one listing (the same entries
+    :func:`data_inputs` and :func:`consumers` return, as tuples: shared, never modified).
+    """
+
+    computes: tuple[Compute, ...]
+    """:func:`all_computes`, in its order: each F/B pair side by side, F first (the greedy
+    scheduler finds a B's F one place before it)."""
+
+    inputs: Mapping[Compute, tuple[tuple[Compute, Part | None], ...]]
+    """Per compute (without memory strategy), :func:`data_inputs`."""
+
+    outputs: Mapping[Compute, tuple[tuple[Compute, Part | None], ...]]
+    """Per compute (without memory strategy), :func:`consumers`."""
+
+
+FLOWS_KEPT = 4
+"""How many steps' :class:`DataFlow` :func:`data_flow` keeps (most recently used): a
+schedule is made, lowered, checked and simulated in a row, and the simulator keeps its own."""
+
+_flows: OrderedDict[tuple, DataFlow] = OrderedDict()
+_flows_lock = threading.Lock()  # the trainer plans the next batch's schedule in a thread
+
+
+def data_flow(placement: Placement, structure: MicrobatchStructure) -> DataFlow:
+    """The :class:`DataFlow` of a placement and structure (kept for the last few asked)."""
+    key = (placement.key(), structure.key())
+    with _flows_lock:
+        flow = _flows.get(key)
+        if flow is not None:
+            _flows.move_to_end(key)
+            return flow
+    computes = tuple(all_computes(placement, structure))
+    flow = DataFlow(
+        computes,
+        {a: tuple(data_inputs(a, placement, structure)) for a in computes},
+        {a: tuple(consumers(a, placement, structure)) for a in computes},
+    )
+    with _flows_lock:
+        _flows[key] = flow
+        if len(_flows) > FLOWS_KEPT:
+            _flows.popitem(last=False)
+    return flow

@@ -22,7 +22,7 @@ import heapq
 from typing import Callable, Protocol, Sequence
 
 from orchestration.model_shape import ModelShape
-from pipeweaver.dataflow import MicrobatchStructure, all_computes, data_inputs, dependency_graph
+from pipeweaver.dataflow import MicrobatchStructure, data_flow
 from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
@@ -129,7 +129,8 @@ def greedy_dual_queue(
         if activation_bytes is None:
             raise ScheduleError("memory_limit needs activation_bytes")
         limits = _per_rank(memory_limit, P, "memory_limit")
-    computes = list(all_computes(placement, structure))
+    flow = data_flow(placement, structure)
+    computes = list(flow.computes)
     kept: dict[Compute, float] = {}
 
     def kept_bytes(a: Compute) -> float:
@@ -155,7 +156,7 @@ def greedy_dual_queue(
     for window in windows:
         try:
             order = _interleave(
-                placement, structure, computes, duration, p2p_time, priority, memory, caps,
+                placement, structure, flow, duration, p2p_time, priority, memory, caps,
                 limits, kept_bytes if activation_bytes is not None else None, window,
             )  # fmt: skip
         except _MemoryDeadlock as e:
@@ -198,8 +199,98 @@ def _check_microbatches_fit(computes, placement, limits, kept_bytes) -> None:
             )
 
 
+class _IndexedQueue:
+    """One rank's forward or backward queue, indexed for the greedy pass without limits.
+
+    Entries are ``(earliest start, priority, compute, index)``. A rank's clock only moves forward, so
+    an entry that can start at the rank's clock can start at every later one: such entries
+    move once from ``waiting`` (a heap by start, then priority) to ``ready`` (a heap by
+    priority, then start). The highest-priority startable entry and the earliest one are then
+    heap tops, where the scanned queue looked through every entry.
+    """
+
+    __slots__ = ("waiting", "ready")
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple] = []
+        self.ready: list[tuple] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.ready)
+
+    def push(self, entry: tuple, now: float) -> None:
+        if entry[0] <= now:
+            t, key, a, i = entry
+            heapq.heappush(self.ready, (key, t, a, i))
+        else:
+            heapq.heappush(self.waiting, entry)
+
+    def best(self, now: float, fits=None) -> tuple | None:
+        """The highest-priority entry that can start at ``now``, else the earliest one."""
+        waiting, ready = self.waiting, self.ready
+        while waiting and waiting[0][0] <= now:
+            t, key, a, i = heapq.heappop(waiting)
+            heapq.heappush(ready, (key, t, a, i))
+        if ready:
+            key, t, a, i = ready[0]
+            return t, key, a, i
+        return waiting[0] if waiting else None
+
+    def remove(self, entry: tuple) -> None:
+        """Remove ``entry``, the last one :meth:`best` returned (a heap top)."""
+        if self.ready and self.ready[0][2] is entry[2]:
+            heapq.heappop(self.ready)
+        else:
+            heapq.heappop(self.waiting)
+
+    def computes(self) -> list[Compute]:
+        return [e[2] for e in self.waiting] + [e[2] for e in self.ready]
+
+
+class _ScannedQueue:
+    """One rank's forward or backward queue, scanned: under a memory limit (which forwards may
+    start depends on the rank's memory, not only on its clock) and for priority keys that are
+    not tuples (the exhaustive search's keys decide only the comparisons it is asked)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []  # a heap by start, then priority
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def push(self, entry: tuple, now: float) -> None:
+        heapq.heappush(self.entries, entry)
+
+    def best(self, now: float, fits=None) -> tuple | None:
+        """The highest-priority entry (among those ``fits`` admits) that can start at ``now``,
+        else the earliest one."""
+        q = self.entries
+        if fits is not None:
+            q = [e for e in q if fits(e[2])]
+            if not q:
+                return None
+            first = min(q)
+        elif not q:
+            return None
+        else:
+            first = q[0]
+        startable = [e for e in q if e[0] <= now]
+        if startable:
+            return min(startable, key=lambda e: (e[1], e[0]))
+        return first
+
+    def remove(self, entry: tuple) -> None:
+        self.entries.remove(entry)
+        heapq.heapify(self.entries)
+
+    def computes(self) -> list[Compute]:
+        return [e[2] for e in self.entries]
+
+
 def _interleave(
-    placement, structure, computes, duration, p2p_time, priority, memory, caps, limits,
+    placement, structure, flow, duration, p2p_time, priority, memory, caps, limits,
     kept_bytes, window,
 ) -> list[list[Compute]]:  # fmt: skip
     """One greedy pass; ``window``: forwards only of microbatches at most this far past the
@@ -210,12 +301,31 @@ def _interleave(
             memory.
     """
     P = placement.num_ranks
-    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in computes}
-    missing, dependents = dependency_graph(computes, placement, structure)
-    ready_at: dict[Compute, float] = {}
-    end: dict[Compute, float] = {}
-    # Per rank and kind, a heap of (earliest start, priority, compute).
-    queues: list[dict[Kind, list]] = [{Kind.F: [], Kind.B: []} for _ in range(P)]
+    computes = flow.computes
+    # The pass runs on indices into ``computes`` (hashing a Compute is a Python call).
+    index = {a: i for i, a in enumerate(computes)}
+    rank_of = [placement.rank_of(a.module, a.chunk) for a in computes]
+    # Each compute's dependencies (dataflow.dependencies, from the shared listing), kept: its
+    # start is the latest of their ends (plus a hop). The F of a B is its neighbour before it
+    # (DataFlow.computes lists each F/B pair side by side, F first).
+    needs: list[tuple[int, ...]] = []
+    for i, a in enumerate(computes):
+        producers = tuple(index[p] for p, _ in flow.inputs[a])
+        needs.append((i - 1, *producers) if a.kind is Kind.B else producers)
+    missing = [len(deps) for deps in needs]
+    dependents: list[list[int]] = [[] for _ in computes]
+    for i, deps in enumerate(needs):
+        for d in deps:
+            dependents[d].append(i)
+    end = [0.0] * len(computes)
+    # Per rank and kind, a queue of (earliest start, priority, compute); the first compute's
+    # key picks the queue kind (every key of one priority function has one type).
+    first = next((a for i, a in enumerate(computes) if missing[i] == 0), None)
+    indexed = limits is None and first is not None and type(priority(first)) is tuple
+    queue = _IndexedQueue if indexed else _ScannedQueue
+    queues: list[dict[Kind, _IndexedQueue | _ScannedQueue]] = [
+        {Kind.F: queue(), Kind.B: queue()} for _ in range(P)
+    ]
     t_last = [0.0] * P
     last_kind: list[Kind | None] = [None] * P
     used = [0.0] * P
@@ -232,68 +342,73 @@ def _interleave(
             return False
         return limits[r] is None or used[r] + kept_bytes(a) <= limits[r]
 
-    def push(a: Compute, t: float) -> None:
-        ready_at[a] = t
-        heapq.heappush(queues[rank_of[a]][a.kind], (t, priority(a), a))
+    def push(i: int, t: float) -> None:
+        # (start, priority, compute, index): the index is never compared (computes differ).
+        a = computes[i]
+        r = rank_of[i]
+        queues[r][a.kind].push((t, priority(a), a, i), t_last[r])
 
-    for a in computes:
-        if missing[a] == 0:
-            push(a, 0.0)
+    for i in range(len(computes)):
+        if missing[i] == 0:
+            push(i, 0.0)
 
     def best(r: int, kind: Kind, now: float):
         """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
-        q = queues[r][kind]
         if kind is Kind.F and limits is not None:
-            q = [e for e in q if fits(r, e[2])]
-            if not q:
-                return None
-            first = min(q)
-        elif not q:
-            return None
-        else:
-            first = q[0]
-        startable = [e for e in q if e[0] <= now]
-        if startable:
-            return min(startable, key=lambda e: (e[1], e[0]))
-        return first
+            return queues[r][kind].best(now, lambda a: fits(r, a))
+        return queues[r][kind].best(now)
 
+    def candidates(r: int) -> tuple | None:
+        """``(start, forward, backward)``: when rank ``r`` can start its next compute, and the
+        queues' best entries it chooses from (None for a queue it may not or cannot use)."""
+        throttled = caps is not None and used[r] > caps[r]
+        kinds = (Kind.B,) if throttled and queues[r][Kind.B] else (Kind.F, Kind.B)
+        fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
+        bw = best(r, Kind.B, t_last[r])
+        if fw is None and bw is None:
+            return None
+        return max(t_last[r], min(e[0] for e in (fw, bw) if e is not None)), fw, bw
+
+    # A rank's candidates change only when its queues, clock or memory do: they are kept
+    # between steps, except under a hard limit (the window moves with every backward).
+    cached: list[tuple | None] = [None] * P
+    stale = set(range(P))
+    with_memory = memory is not Memory.NONE
     placed = 0
     total = len(computes)
     while placed < total:
-        # The rank that can start a compute soonest.
+        if limits is not None:
+            stale.update(range(P))
+        for r in stale:
+            cached[r] = candidates(r)
+        stale.clear()
+        # The rank that can start a compute soonest (the lowest such rank on ties).
         choice = None
         for r in range(P):
-            throttled = caps is not None and used[r] > caps[r]
-            kinds = (Kind.B,) if throttled and queues[r][Kind.B] else (Kind.F, Kind.B)
-            candidates = [e for k in kinds if (e := best(r, k, t_last[r])) is not None]
-            if not candidates:
-                continue
-            start = max(t_last[r], min(e[0] for e in candidates))
-            if choice is None or start < choice[0]:
-                choice = (start, r, kinds)
+            c = cached[r]
+            if c is not None and (choice is None or c[0] < choice[0][0]):
+                choice = (c, r)
         if choice is None and limits is not None:
             _raise_memory_deadlock(queues, used, limits, kept_bytes)
         if choice is None:
             raise ScheduleError(
                 "greedy interleaving: no compute is ready; the data flow has a cycle"
             )
-        start, r, kinds = choice
-        fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
-        bw = best(r, Kind.B, t_last[r]) if Kind.B in kinds else None
+        (start, fw, bw), r = choice
+        stale.add(r)
         now = t_last[r]
         if fw is not None and bw is not None and fw[0] <= now and bw[0] <= now:
             entry = bw if last_kind[r] is Kind.F else fw
         else:
             entry = min((e for e in (fw, bw) if e is not None), key=lambda e: (e[0], e[1]))
-        a = entry[2]
+        a, i = entry[2], entry[3]
         queues[r][a.kind].remove(entry)
-        heapq.heapify(queues[r][a.kind])
         begin = max(now, entry[0])
         finish = begin + float(duration(a))
-        end[a] = finish
+        end[i] = finish
         t_last[r] = finish
         last_kind[r] = a.kind
-        order[r].append(a.with_memory(memory))
+        order[r].append(a.with_memory(memory) if with_memory else a)
         if kept_bytes is not None:
             b = kept_bytes(a)
             used[r] += b if a.kind is Kind.F else -b
@@ -302,17 +417,16 @@ def _interleave(
             while oldest < len(backwards_left) and backwards_left[oldest] == 0:
                 oldest += 1
         placed += 1
-        for d in dependents[a]:
+        for d in dependents[i]:
             missing[d] -= 1
             if missing[d] == 0:
                 t = 0.0
-                preds = [pr for pr, _ in data_inputs(d, placement, structure)]
-                if d.kind is Kind.B:
-                    preds.append(d.partner())
-                for pr in preds:
-                    hop = p2p_time if rank_of[pr] != rank_of[d] else 0.0
+                rd = rank_of[d]
+                for pr in needs[d]:
+                    hop = p2p_time if rank_of[pr] != rd else 0.0
                     t = max(t, end[pr] + hop)
                 push(d, t)
+                stale.add(rd)
     return order
 
 
@@ -330,7 +444,7 @@ def _raise_memory_deadlock(queues, used, limits, kept_bytes) -> None:
     """No rank can start anything and some forward waits for memory: no backward can come
     (every pending backward waits, directly or through other ranks, on a blocked forward)."""
     for r, q in enumerate(queues):
-        waiting = [e[2] for e in q[Kind.F]]
+        waiting = q[Kind.F].computes()
         if not waiting or limits[r] is None:
             continue
         a = min(waiting, key=kept_bytes)

@@ -153,31 +153,29 @@ class Compute:
             object.__setattr__(self, "kind", Kind(self.kind))
         if type(self.memory) is not Memory:
             object.__setattr__(self, "memory", Memory(self.memory))
-        if self.module not in MODULE_LETTER:
-            raise ScheduleError(f"unknown module {self.module!r}; expected one of {MODULES}")
-        for value, name in (
-            (self.chunk, "chunk"),
-            (self.microbatch, "microbatch"),
-            (self.sub, "sub"),
+        module, chunk, microbatch, sub = self.module, self.chunk, self.microbatch, self.sub
+        if module not in MODULE_LETTER:
+            raise ScheduleError(f"unknown module {module!r}; expected one of {MODULES}")
+        # Millions of computes are made per simulated step: one test for the valid case.
+        if not (
+            type(chunk) is int
+            and type(microbatch) is int
+            and type(sub) is int
+            and chunk >= 0
+            and microbatch >= 0
+            and sub >= 0
         ):
-            if type(value) is not int or value < 0:
-                raise ScheduleError(f"{name} must be an int >= 0, got {value!r}")
-        if self.module == "llm" and self.sub != 0:
-            raise ScheduleError(f"the LLM has no sub-microbatches, got sub {self.sub}")
-        # Simulators and checkers hash actions millions of times: hash once, on plain values.
+            for value, name in ((chunk, "chunk"), (microbatch, "microbatch"), (sub, "sub")):
+                if type(value) is not int or value < 0:
+                    raise ScheduleError(f"{name} must be an int >= 0, got {value!r}")
+        if sub != 0 and module == "llm":
+            raise ScheduleError(f"the LLM has no sub-microbatches, got sub {sub}")
+        # Simulators and checkers hash actions millions of times: hash once, on plain values
+        # (``_value_`` is what the enums' ``value`` property returns, without its lookup).
         object.__setattr__(
             self,
             "_hash",
-            hash(
-                (
-                    self.module,
-                    self.chunk,
-                    self.kind.value,
-                    self.microbatch,
-                    self.sub,
-                    self.memory.value,
-                )
-            ),
+            hash((module, chunk, self.kind._value_, microbatch, sub, self.memory._value_)),
         )
 
     def __hash__(self) -> int:
@@ -247,26 +245,31 @@ class Comm:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "op", CommOp(self.op))
-        if not isinstance(self.tensor, Compute):
-            raise ScheduleError(f"a comm's tensor must be a Compute, got {self.tensor!r}")
-        object.__setattr__(self, "tensor", self.tensor.key)
-        if isinstance(self.peer, bool) or not isinstance(self.peer, int) or self.peer < 0:
-            raise ScheduleError(f"peer must be a rank >= 0, got {self.peer!r}")
+        if type(self.op) is not CommOp:
+            object.__setattr__(self, "op", CommOp(self.op))
+        tensor = self.tensor
+        if not isinstance(tensor, Compute):
+            raise ScheduleError(f"a comm's tensor must be a Compute, got {tensor!r}")
+        if tensor.memory is not Memory.NONE:
+            tensor = tensor.key
+            object.__setattr__(self, "tensor", tensor)
+        peer = self.peer
+        if type(peer) is not int and (isinstance(peer, bool) or not isinstance(peer, int)):
+            raise ScheduleError(f"peer must be a rank >= 0, got {peer!r}")
+        if peer < 0:
+            raise ScheduleError(f"peer must be a rank >= 0, got {peer!r}")
         if self.part is not None:
             part = tuple(self.part)
             if len(part) != 2 or part[0] not in ENCODERS or not isinstance(part[1], int):
                 raise ScheduleError(f"part must be (encoder, sub), got {self.part!r}")
             object.__setattr__(self, "part", part)
-        needs_part = (
-            self.tensor.module == "llm" and self.tensor.chunk == 0 and self.tensor.kind is Kind.B
-        )
+        needs_part = tensor.module == "llm" and tensor.chunk == 0 and tensor.kind is Kind.B
         if needs_part != (self.part is not None):
             raise ScheduleError(
                 f"only LLM chunk 0's input gradient is sent in parts, got tensor "
-                f"{self.tensor} with part {self.part}"
+                f"{tensor} with part {self.part}"
             )
-        object.__setattr__(self, "_hash", hash((self.op.value, self.peer, self.tensor, self.part)))
+        object.__setattr__(self, "_hash", hash((self.op._value_, self.peer, tensor, self.part)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeweaver.dataflow import consumers, data_inputs
+from pipeweaver.dataflow import consumers, data_flow, data_inputs
 from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
 
@@ -37,29 +37,42 @@ def lower(schedule: Schedule) -> Schedule:
             if a.key in where:
                 raise ScheduleError("the compute appears twice", r, i, a)
             where[a.key] = (r, i)
-    for r, computes in enumerate(order):
-        for i, a in enumerate(computes):
-            for producer, _ in data_inputs(a, placement, structure):
-                if producer not in where:
-                    raise ScheduleError(f"it needs {producer}, which no rank runs", r, i, a)
+    flow = data_flow(placement, structure)
+    # When the schedule runs exactly the step's computes (as many, each one of them), every
+    # producer is scheduled: the per-input check below is skipped.
+    if len(where) != len(flow.computes) or not all(a in flow.inputs for a in where):
+        for r, computes in enumerate(order):
+            for i, a in enumerate(computes):
+                for producer, _ in data_inputs(a, placement, structure):
+                    if producer not in where:
+                        raise ScheduleError(f"it needs {producer}, which no rank runs", r, i, a)
 
     # Sends, right after each producer, in the order of ``consumers`` (schedule-independent, so
     # that SEMU times a compute-only order exactly as its lowered form).
     out: list[list] = [[] for _ in order]
     sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)  # (src, dst) -> edges in order
+    # (dst, tensor, part) -> position on dst of the first consumer there of that part
+    first_use: dict[tuple, int] = {}
+    rank_of = placement.rank_of
+    outputs = flow.outputs
     for r, computes in enumerate(order):
         for a in computes:
             out[r].append(a)
             remote = []
-            for consumer, part in consumers(a, placement, structure):
-                dst = placement.rank_of(consumer.module, consumer.chunk)
+            listed = outputs.get(a.key)
+            if listed is None:  # not a compute of this step: consumers names what it lacks
+                listed = consumers(a, placement, structure)
+            for consumer, part in listed:
+                dst = rank_of(consumer.module, consumer.chunk)
                 if dst == r:
                     continue
                 if consumer not in where:
                     raise ScheduleError(
                         f"its consumer {consumer} is not scheduled on any rank", r, None, a
                     )
-                remote.append((dst, where[consumer][1], part))
+                pos = where[consumer][1]
+                remote.append((dst, pos, part))
+                first_use.setdefault((dst, a.key, part), pos)
             for dst, _, part in remote:
                 out[r].append(Comm(CommOp.SEND, dst, a.key, part))
                 sent[(r, dst)].append((a.key, part))
@@ -68,14 +81,7 @@ def lower(schedule: Schedule) -> Schedule:
     # each pair's receives follow its sends' order.
     recvs_before: list[dict[int, list[Comm]]] = [defaultdict(list) for _ in order]
     for (src, dst), edges in sorted(sent.items()):
-        positions = []
-        for tensor, part in edges:
-            consumer_pos = None
-            for consumer, cpart in consumers(tensor, placement, structure):
-                if cpart == part and placement.rank_of(consumer.module, consumer.chunk) == dst:
-                    consumer_pos = where[consumer][1]
-                    break
-            positions.append(consumer_pos)
+        positions = [first_use[(dst, tensor, part)] for tensor, part in edges]
         for k in range(len(positions) - 2, -1, -1):
             positions[k] = min(positions[k], positions[k + 1])
         for (tensor, part), pos in zip(edges, positions):

@@ -17,7 +17,10 @@ build yet (an ungated ViT beside a SwiGLU LLM, a DiT in the LLM's place).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import functools
 import json
 import os
 import shlex
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from megatron.mllm.arguments import ConfigError, parse_arguments
+from megatron.mllm.arguments import ConfigError, add_mllm_args, parse_arguments
 from megatron.mllm.config import MLLMConfig, mllm_config
 from megatron.mllm.run_config import RunConfig
 from orchestration.model_shape import ModelShape
@@ -209,11 +212,50 @@ def layer_recompute(language) -> LayerRecompute:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def trainer_flag_names() -> frozenset[str]:
+    """Every long option of the trainer's parser (Megatron's and OrchWeave's), e.g.
+    ``"--num-layers"``."""
+    from megatron.mllm import cpu_shim
+
+    cpu_shim.apply()
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_mllm_args(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))
+    return frozenset(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
+
+
+def check_flag_name(flag: str, where: str) -> None:
+    """Raise unless ``flag`` (``"--num-layers"``) is one of the trainer's options.
+
+    Args:
+        flag: the option, with its dashes.
+        where: what gave it, first in the message (e.g. ``"--set num_layers"``).
+
+    Without this, Megatron's parser prints its own usage error before ours: two error lines,
+    and the closest valid names are not suggested.
+
+    Raises:
+        ConfigError: naming the flag, and the trainer's closest option names.
+    """
+    known = trainer_flag_names()
+    if flag in known:
+        return
+    close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"{where}: the trainer has no flag {flag}{hint}")
+
+
 def set_flags(pairs: Mapping[str, Any]) -> list[str]:
-    """``{"pipeline-model-parallel-size": 2, "bf16": True}`` as flags for ``extra_flags``."""
+    """``{"pipeline-model-parallel-size": 2, "bf16": True}`` as flags for ``extra_flags``.
+
+    Raises:
+        ConfigError: a key that is not one of the trainer's flags (:func:`check_flag_name`).
+    """
     out = []
     for key, value in pairs.items():
         flag = "--" + key.lstrip("-").replace("_", "-")
+        check_flag_name(flag, f"--set {key}")
         if value is True:
             out.append(flag)
         elif value is not False and value is not None:

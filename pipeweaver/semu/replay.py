@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pipeweaver.dataflow import MicrobatchStructure, all_computes, consumers, data_inputs
+from pipeweaver.dataflow import MicrobatchStructure, data_flow
 from pipeweaver.ir import Action, Compute, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.semu.results import Event, PipelineResult
@@ -47,11 +47,12 @@ class TransferGraph:
         self.edges: list[tuple[Compute, Any]] = []
         self.edge_id: dict[tuple[Compute, Any], int] = {}
         self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        computes = list(all_computes(placement, structure))
+        flow = data_flow(placement, structure)  # listed once, shared with the checker
+        computes = flow.computes
         for a in computes:
             self.compute_id[a] = len(self.compute_id)
             r = placement.rank_of(a.module, a.chunk)
-            for consumer, part in consumers(a, placement, structure):
+            for consumer, part in flow.outputs[a]:
                 if placement.rank_of(consumer.module, consumer.chunk) != r:
                     self.edge_id[(a, part)] = len(self.edges)
                     self.edges.append((a, part))
@@ -59,12 +60,12 @@ class TransferGraph:
             r = placement.rank_of(a.module, a.chunk)
             waits = tuple(
                 self.edge_id[(p, part)]
-                for p, part in data_inputs(a, placement, structure)
+                for p, part in flow.inputs[a]
                 if placement.rank_of(p.module, p.chunk) != r
             )
             sends = tuple(
                 (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
-                for c, part in consumers(a, placement, structure)
+                for c, part in flow.outputs[a]
                 if placement.rank_of(c.module, c.chunk) != r
             )
             self.remote[a] = (waits, sends)

@@ -9,9 +9,10 @@ generates each replica's schedule. ``tools/semu.py`` is its command line.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.model_shape import ModelShape
+from orchestration.packing import microbatch_indices
 from orchestration.workload import SampleMeta, missing_encoder_error
 from orchestration.workload_spec import SampleStream
 from pipeweaver.checker import check
@@ -119,6 +120,7 @@ def build_step(
     partition: PartitionPlan | None = None,
     run_checker: bool = True,
     balance: Callable[[SampleSource, Packer], list[list[MicrobatchMeta]]] | None = None,
+    check_samples: Callable[[Sequence[Sequence[tuple[int, SampleMeta]]]], None] | None = None,
 ) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
     """The schedules and microbatches of one step, per DP replica.
 
@@ -151,6 +153,10 @@ def build_step(
         balance: post-balancing (:mod:`pipeweaver.semu.post_balance`): ``(sample_of, pack)
             -> [replica][microbatch]`` replaces Megatron's microbatches (``pack`` packs a
             microbatch's samples with the step's flags); every replica is then simulated.
+        check_samples: called with every DP rank's ``(stream index, sample)`` pairs of the
+            iteration (all replicas, in loading order) before they are packed: the trainer's
+            checks of a batch (``tools/semu.py`` passes its ``--seq-length`` check), raising
+            what the trainer would.
 
     Returns:
         ``(schedules, microbatches, info)``: one schedule and one microbatch list per simulated
@@ -171,6 +177,16 @@ def build_step(
     encoders = list(spec.shape.encoders)
 
     seq = spec.training.seq_length
+    if check_samples is not None:
+        # The trainer checks the whole global batch, whatever the replicas simulated; the
+        # samples drawn here are kept so that packing does not draw them again.
+        drawn: dict[int, SampleMeta] = {}
+        rank_samples = []
+        for d in range(dp):
+            ks = microbatch_indices(iteration, d, dp, spec.training.micro_batch_size, m)
+            rank_samples.append([(k, drawn.setdefault(k, sample_of(k))) for mb in ks for k in mb])
+        check_samples(rank_samples)
+        sample_of = drawn.__getitem__
     replicas = dp if replicas is None else max(1, min(replicas, dp))
     sub_tokens = encoder_sub_microbatch_tokens
     if sub_tokens is None:

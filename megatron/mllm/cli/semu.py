@@ -42,7 +42,14 @@ encoders' subs by its B_i, and print why (``--calibration``'s costs, else the FL
     config: {model, cluster, schedule, placement, tp, pp, dp, num_microbatches, workload,
              iteration, replicas_simulated}
 
-Errors print one ``error:`` line on stderr and exit with status 2.
+Errors print one ``error:`` line on stderr and exit with status 2. SEMU refuses what it
+cannot simulate truthfully, as the trainer would refuse to run it: a ``--set`` key that is not
+one of the trainer's flags (the closest ones are named), a sample longer than ``--seq-length``
+(the trainer's own check, naming the sample, its stream index and DP rank; under
+``--overlong-samples truncate|drop`` such a batch is refused as not simulated), and a layout
+the trainer's parser rejects: ``--schedule 1f1b|interleaved|dynamic`` is passed to it as
+``--pipeline-schedule``, and with ``dynamic`` ``--chunks-per-rank m=K`` as
+``--m-chunks-per-stage K``.
 """
 
 from __future__ import annotations
@@ -50,11 +57,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from megatron.mllm.arguments import ConfigError
 from megatron.mllm.cli import semu_balance
 from megatron.mllm.cli.args import ToolParser, number, quiet_config_files, report_error
+from megatron.mllm.overlong import check_fits
+from megatron.mllm.run_config import RunConfig
 from orchestration.host_probe import load_calibration
+from orchestration.metadata import GatheredMetadata
 from orchestration.workload import WorkloadError
 from pipeweaver.ir import MODULES, ScheduleError
 from pipeweaver.semu import trace
@@ -91,6 +102,44 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+TRAINER_SCHEDULES: tuple[str, ...] = ("megatron", "1f1b", "interleaved", "dynamic")
+"""``--schedule`` names that are also the trainer's ``--pipeline-schedule``: SEMU passes them
+to the trainer's parser, so that a layout the trainer would reject is rejected here too."""
+
+
+def _flag(key: str) -> str:
+    """A ``--set`` key as the trainer's flag name without dashes (``num_layers`` ->
+    ``num-layers``)."""
+    return key.lstrip("-").replace("_", "-")
+
+
+def trainer_layout_flags(args: argparse.Namespace, sets: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's flags for the layout the arguments simulate, added to ``--set``'s.
+
+    ``--schedule 1f1b|interleaved|dynamic`` is the trainer's ``--pipeline-schedule`` of that
+    name, and with ``dynamic``, ``--chunks-per-rank m=K`` is its ``--m-chunks-per-stage K``:
+    the trainer's parser then checks the layout as it would for training (chunks against
+    layers, divisibility). ``--schedule megatron`` keeps the model config's own flags.
+
+    Raises:
+        ValueError: ``--schedule`` and ``--set pipeline-schedule`` disagree, naming both.
+    """
+    given = {_flag(k): v for k, v in sets.items()}
+    out: dict[str, Any] = {}
+    if args.schedule in TRAINER_SCHEDULES and args.schedule != "megatron":
+        set_schedule = given.get("pipeline-schedule")
+        if set_schedule is not None and set_schedule != args.schedule:
+            raise ValueError(
+                f"--schedule {args.schedule} and --set pipeline-schedule={set_schedule} "
+                f"disagree: the trainer would run {set_schedule}"
+            )
+        out["pipeline-schedule"] = args.schedule
+    if args.schedule == "dynamic":
+        for module, k in (_chunks_per_rank(args) or {}).items():
+            out.setdefault(f"{module}-chunks-per-stage", k)
+    return {k: v for k, v in out.items() if k not in given}
+
+
 def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
     """``--chunks-per-rank vision=2,audio=1`` as a mapping; None when not given, or when the
     step's placement is the baseline or the balanced one, which ignore it."""
@@ -105,6 +154,30 @@ def _chunks_per_rank(args: argparse.Namespace) -> dict[str, int] | None:
             raise ValueError(f"--chunks-per-rank: {mod}={v} is not a positive integer")
         out[mod] = int(v)
     return out
+
+
+def _sample_checks(run: RunConfig) -> Callable[[Sequence[Sequence[tuple[int, Any]]]], None]:
+    """The trainer's checks of an iteration's samples, for :func:`build_step`.
+
+    Raises (when called):
+        SequenceTooLongError: under ``--overlong-samples error``, the first sample longer than
+            ``--seq-length``, named as the trainer names it.
+        ConfigError: ``--overlong-samples truncate|drop``, which SEMU does not simulate.
+    """
+    policy = run.workload.overlong_samples
+
+    def check(rank_samples: Sequence[Sequence[tuple[int, Any]]]) -> None:
+        metadata = GatheredMetadata.from_rank_samples(rank_samples)
+        if policy == "error":
+            check_fits(metadata, run.seq_length)
+        elif (metadata.sample_llm > run.seq_length).any():
+            raise ConfigError(
+                f"--overlong-samples {policy}: this iteration has samples longer than "
+                f"--seq-length {run.seq_length}, and SEMU simulates them only under "
+                f"--overlong-samples error (which names them)"
+            )
+
+    return check
 
 
 def load_balancer_bytes(path: str, dp: int) -> dict[str, Any]:
@@ -220,12 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster = ClusterSpec.load(configs.find_config(args.cluster))
         # The cluster's devices are the run's processes: they fix DP and the checks on it.
         sets = parse_sets(args.set)
-        extra = configs.set_flags(sets)
+        extra = configs.set_flags({**sets, **trainer_layout_flags(args, sets)})
         extra += semu_balance.balance_flags(args, sets, cluster.devices_per_node)
         loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
         spec = loaded.semu
         post_balance = loaded.run.balance.post_balance
         semu_balance.check_flags(args, post_balance)
+        check_samples = _sample_checks(loaded.run)
         calibration = None
         if args.calibration:
             calibration = load_calibration(args.calibration, strict=args.strict_calibration)
@@ -278,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 partition=plan,
                 run_checker=not args.no_check,
                 balance=held.get("balance"),
+                check_samples=check_samples,
             )
             if plan is not None:
                 info["partition"] = {

@@ -1,0 +1,352 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Test oracle: pipeweaver.interleave as it was before issue 13 made it incremental (queues
+scanned, every input listed); tests/pipeweaver/test_fast_paths.py asserts that
+``pipeweaver.interleave.greedy_dual_queue`` gives exactly what this one gives. Not part of the product.
+
+Greedy dual-queue interleaving: the dynamic pipeline's per-batch order of computes.
+
+The second phase of DIP's planner (its per-batch interleaving), as a generator of the schedule
+IR: each rank keeps a forward queue and a backward queue of computes whose inputs are scheduled;
+the rank that can start something soonest goes next. When both a forward and a backward are
+ready as the rank frees up, it alternates with the kind it ran last (1F1B's rhythm); otherwise it
+runs whatever can start first, which keeps idle gaps small. Memory bounds a rank in one of two
+ways: a soft cap (a rank whose activations exceed it prefers backwards until memory drops) or a
+hard limit (a forward that would take the rank's kept activations over the limit never runs:
+the rank waits for a backward, and an order that cannot fit even then is an error). Compute durations come from a cost function
+(FLOPs or calibrated seconds); within a queue the priority function breaks ties (the default
+prefers earlier microbatches).
+
+Pure Python: the result is a compute-only order lowered with :func:`pipeweaver.lowering.lower`,
+valid by construction (every compute is placed after its producers).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Protocol, Sequence
+
+from reference_lowering import lower
+
+from orchestration.model_shape import ModelShape
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, data_inputs, dependency_graph
+from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
+
+
+class SequencedMicrobatch(Protocol):
+    """What :func:`flops_durations` needs of a microbatch (the trainer's and SEMU's have it)."""
+
+    def compute_sequences(self, module: str, sub: int) -> tuple[Sequence[int], int]:
+        """The independent sequence lengths a compute of ``module`` on sub ``sub`` runs over
+        (the sub's encoder units, or the LLM's packed samples), and the LLM rows the sub
+        projects (0 for the LLM)."""
+
+
+def flops_durations(
+    shape: ModelShape, placement: Placement, microbatches: Sequence[SequencedMicrobatch]
+) -> Callable[[Compute], float]:
+    """Compute durations in FLOPs: the chunk's layers over its sequences, plus the input layer on
+    chunk 0 and the head on the last chunk; a backward costs twice its forward.
+
+    The trainer and SEMU both order the dynamic pipeline with this, so SEMU simulates exactly
+    the order the trainer runs.
+
+    Args:
+        shape: the model's sizes.
+        placement: the layers of each chunk.
+        microbatches: the step's microbatches, indexed by :attr:`Compute.microbatch`.
+    """
+
+    def duration(compute: Compute) -> float:
+        mb = microbatches[compute.microbatch]
+        lens, rows = mb.compute_sequences(compute.module, compute.sub)
+        start, stop = placement.layer_range(compute.module, compute.chunk)
+        t = shape.llm if compute.module == "llm" else shape.encoders[compute.module]
+        flops = t.forward_flops(lens, layers=stop - start)
+        tokens = sum(lens)
+        if compute.module != "llm" and start == 0:
+            flops += tokens * t.input_flops_per_token
+        if stop == placement.num_layers(compute.module):
+            flops += (tokens if compute.module == "llm" else rows) * t.output_flops_per_token
+        return flops * (2.0 if compute.kind is Kind.B else 1.0)
+
+    return duration
+
+
+def default_priority(compute: Compute) -> tuple:
+    """Earlier microbatches first, encoders before the LLM, then sub and chunk (lower first)."""
+    return (compute.microbatch, MODULE_INDEX[compute.module], compute.sub, compute.chunk)
+
+
+def greedy_dual_queue(
+    placement: Placement,
+    structure: MicrobatchStructure,
+    duration: Callable[[Compute], float],
+    *,
+    p2p_time: float = 0.0,
+    priority: Callable[[Compute], tuple] = default_priority,
+    memory: Memory = Memory.NONE,
+    memory_cap: float | Sequence[float] | None = None,
+    activation_bytes: Callable[[Compute], float] | None = None,
+    memory_limit: float | Sequence[float | None] | None = None,
+    lowered: bool = True,
+) -> Schedule:
+    """Interleave every compute of every module on every rank; returns a lowered schedule.
+
+    Args:
+        placement: where each chunk lives (typically every module spread over all ranks).
+        structure: microbatches and encoder subs of the step.
+        duration: predicted time of a compute (F or B).
+        p2p_time: latency added when a compute's input comes from another rank.
+        priority: lower keys run first among computes ready at the same time.
+        memory: memory strategy of every compute.
+        memory_cap: activation bytes per rank (one for all or one per rank) above which a rank
+            runs only backwards; needs ``activation_bytes``.
+        activation_bytes: bytes a forward keeps until its backward.
+        memory_limit: hard limit on the activation bytes kept per rank (one for all or one per
+            rank, None for no limit on a rank; see
+            :func:`pipeweaver.search.memory_limit.memory_limit_bytes`); needs
+            ``activation_bytes``. A forward runs only if the rank's kept bytes plus its own stay
+            within the limit, so the lowered schedule passes
+            :func:`pipeweaver.checker.check` with ``memory_cap=memory_limit``.
+        lowered: add the sends and receives (:func:`pipeweaver.lowering.lower`); False returns
+            the compute-only order, which SEMU times exactly as the lowered one (the search
+            scores its rollouts so and lowers only the schedule it keeps).
+
+    A throttled rank (soft cap) with no backward ready runs a forward anyway: the cap is a
+    preference, and the static checker enforces hard caps. Under a hard limit a rank whose next
+    forwards do not fit runs only backwards, or waits for one.
+
+    Raises:
+        ScheduleError: the data flow cannot be scheduled (a cycle), or under ``memory_limit``
+            a forward that cannot fit: alone over its rank's limit, or waiting for memory that
+            no backward can free (the rank, the bytes needed and the limit are named).
+    """
+    P = placement.num_ranks
+    caps = None
+    if memory_cap is not None:
+        if activation_bytes is None:
+            raise ScheduleError("memory_cap needs activation_bytes")
+        caps = [memory_cap] * P if isinstance(memory_cap, (int, float)) else list(memory_cap)
+    limits = None
+    if memory_limit is not None:
+        if activation_bytes is None:
+            raise ScheduleError("memory_limit needs activation_bytes")
+        limits = _per_rank(memory_limit, P, "memory_limit")
+    computes = list(all_computes(placement, structure))
+    kept: dict[Compute, float] = {}
+
+    def kept_bytes(a: Compute) -> float:
+        """Bytes the F/B pair of ``a`` keeps, from its forward, under ``memory``."""
+        f = a if a.kind is Kind.F else a.partner()
+        if f not in kept:
+            kept[f] = float(activation_bytes(f.with_memory(memory)))
+        return kept[f]
+
+    windows: list[int | None] = [None]
+    if limits is not None:
+        _check_microbatches_fit(computes, placement, limits, kept_bytes)
+        # A microbatch's first backward needs all its forwards, so every rank must hold one
+        # microbatch's kept bytes at once (checked above), and that suffices when forwards of
+        # one microbatch at a time are admitted. The unrestricted greedy can fill memory with
+        # forwards of later microbatches that wait on each other; then it is retried with
+        # fewer microbatches in flight, down to one.
+        w = structure.num_microbatches // 2
+        while w > 0:
+            windows.append(w)
+            w //= 2
+        windows.append(0)
+    for window in windows:
+        try:
+            order = _interleave(
+                placement, structure, computes, duration, p2p_time, priority, memory, caps,
+                limits, kept_bytes if activation_bytes is not None else None, window,
+            )  # fmt: skip
+        except _MemoryDeadlock as e:
+            if window == windows[-1]:
+                raise ScheduleError(str(e), e.rank, None, e.action) from None
+            continue
+        schedule = Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic")
+        return lower(schedule) if lowered else schedule
+    raise AssertionError("unreachable")
+
+
+class _MemoryDeadlock(Exception):
+    """Every rank waits and a forward waits for memory (retried with fewer microbatches in
+    flight; the last try's message becomes the :class:`ScheduleError`)."""
+
+    def __init__(self, message: str, rank: int, action: Compute):
+        super().__init__(message)
+        self.rank = rank
+        self.action = action
+
+
+def _check_microbatches_fit(computes, placement, limits, kept_bytes) -> None:
+    """Raise unless every rank can hold the kept bytes of each microbatch's forwards at once."""
+    need: dict[tuple[int, int], float] = {}
+    first: dict[tuple[int, int], Compute] = {}
+    for a in computes:
+        if a.kind is Kind.F:
+            k = (placement.rank_of(a.module, a.chunk), a.microbatch)
+            need[k] = need.get(k, 0.0) + kept_bytes(a)
+            first.setdefault(k, a)
+    for (r, mb), b in sorted(need.items()):
+        if limits[r] is not None and b > limits[r]:
+            raise ScheduleError(
+                f"microbatch {mb} keeps {b:.0f} activation bytes here until its first backward "
+                f"(all its forwards run before it), over the rank's memory limit of "
+                f"{limits[r]:.0f} bytes: the schedule cannot fit under the limit",
+                r,
+                None,
+                first[(r, mb)],
+            )
+
+
+def _interleave(
+    placement, structure, computes, duration, p2p_time, priority, memory, caps, limits,
+    kept_bytes, window,
+) -> list[list[Compute]]:  # fmt: skip
+    """One greedy pass; ``window``: forwards only of microbatches at most this far past the
+    oldest one with a backward left (None: any).
+
+    Raises:
+        _MemoryDeadlock: under the hard limit, every rank waits and some forward waits for
+            memory.
+    """
+    P = placement.num_ranks
+    rank_of = {a: placement.rank_of(a.module, a.chunk) for a in computes}
+    missing, dependents = dependency_graph(computes, placement, structure)
+    ready_at: dict[Compute, float] = {}
+    end: dict[Compute, float] = {}
+    # Per rank and kind, a heap of (earliest start, priority, compute).
+    queues: list[dict[Kind, list]] = [{Kind.F: [], Kind.B: []} for _ in range(P)]
+    t_last = [0.0] * P
+    last_kind: list[Kind | None] = [None] * P
+    used = [0.0] * P
+    order: list[list[Compute]] = [[] for _ in range(P)]
+    backwards_left = [0] * structure.num_microbatches
+    for a in computes:
+        if a.kind is Kind.B:
+            backwards_left[a.microbatch] += 1
+    oldest = 0  # the oldest microbatch with a backward left
+
+    def fits(r: int, a: Compute) -> bool:
+        """Whether the forward ``a`` may run on rank ``r`` under the hard limit."""
+        if window is not None and a.microbatch > oldest + window:
+            return False
+        return limits[r] is None or used[r] + kept_bytes(a) <= limits[r]
+
+    def push(a: Compute, t: float) -> None:
+        ready_at[a] = t
+        heapq.heappush(queues[rank_of[a]][a.kind], (t, priority(a), a))
+
+    for a in computes:
+        if missing[a] == 0:
+            push(a, 0.0)
+
+    def best(r: int, kind: Kind, now: float):
+        """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
+        q = queues[r][kind]
+        if kind is Kind.F and limits is not None:
+            q = [e for e in q if fits(r, e[2])]
+            if not q:
+                return None
+            first = min(q)
+        elif not q:
+            return None
+        else:
+            first = q[0]
+        startable = [e for e in q if e[0] <= now]
+        if startable:
+            return min(startable, key=lambda e: (e[1], e[0]))
+        return first
+
+    placed = 0
+    total = len(computes)
+    while placed < total:
+        # The rank that can start a compute soonest.
+        choice = None
+        for r in range(P):
+            throttled = caps is not None and used[r] > caps[r]
+            kinds = (Kind.B,) if throttled and queues[r][Kind.B] else (Kind.F, Kind.B)
+            candidates = [e for k in kinds if (e := best(r, k, t_last[r])) is not None]
+            if not candidates:
+                continue
+            start = max(t_last[r], min(e[0] for e in candidates))
+            if choice is None or start < choice[0]:
+                choice = (start, r, kinds)
+        if choice is None and limits is not None:
+            _raise_memory_deadlock(queues, used, limits, kept_bytes)
+        if choice is None:
+            raise ScheduleError(
+                "greedy interleaving: no compute is ready; the data flow has a cycle"
+            )
+        start, r, kinds = choice
+        fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
+        bw = best(r, Kind.B, t_last[r]) if Kind.B in kinds else None
+        now = t_last[r]
+        if fw is not None and bw is not None and fw[0] <= now and bw[0] <= now:
+            entry = bw if last_kind[r] is Kind.F else fw
+        else:
+            entry = min((e for e in (fw, bw) if e is not None), key=lambda e: (e[0], e[1]))
+        a = entry[2]
+        queues[r][a.kind].remove(entry)
+        heapq.heapify(queues[r][a.kind])
+        begin = max(now, entry[0])
+        finish = begin + float(duration(a))
+        end[a] = finish
+        t_last[r] = finish
+        last_kind[r] = a.kind
+        order[r].append(a.with_memory(memory))
+        if kept_bytes is not None:
+            b = kept_bytes(a)
+            used[r] += b if a.kind is Kind.F else -b
+        if a.kind is Kind.B:
+            backwards_left[a.microbatch] -= 1
+            while oldest < len(backwards_left) and backwards_left[oldest] == 0:
+                oldest += 1
+        placed += 1
+        for d in dependents[a]:
+            missing[d] -= 1
+            if missing[d] == 0:
+                t = 0.0
+                preds = [pr for pr, _ in data_inputs(d, placement, structure)]
+                if d.kind is Kind.B:
+                    preds.append(d.partner())
+                for pr in preds:
+                    hop = p2p_time if rank_of[pr] != rank_of[d] else 0.0
+                    t = max(t, end[pr] + hop)
+                push(d, t)
+    return order
+
+
+def _per_rank(value, num_ranks: int, name: str) -> list:
+    """One value per rank from one for all (a number or None) or a sequence of them."""
+    if value is None or isinstance(value, (int, float)):
+        return [value] * num_ranks
+    values = list(value)
+    if len(values) != num_ranks:
+        raise ScheduleError(f"{name} has {len(values)} values for {num_ranks} ranks")
+    return values
+
+
+def _raise_memory_deadlock(queues, used, limits, kept_bytes) -> None:
+    """No rank can start anything and some forward waits for memory: no backward can come
+    (every pending backward waits, directly or through other ranks, on a blocked forward)."""
+    for r, q in enumerate(queues):
+        waiting = [e[2] for e in q[Kind.F]]
+        if not waiting or limits[r] is None:
+            continue
+        a = min(waiting, key=kept_bytes)
+        need = used[r] + kept_bytes(a)
+        if need <= limits[r]:
+            continue  # waits for its microbatch's turn, not for memory
+        raise _MemoryDeadlock(
+            f"the forward needs {need:.0f} bytes of activations ({used[r]:.0f} kept plus "
+            f"{kept_bytes(a):.0f} of its own), over the rank's memory limit of "
+            f"{limits[r]:.0f} bytes, and no backward can free memory: the schedule cannot "
+            f"fit under the limit in this order",
+            r,
+            a,
+        )

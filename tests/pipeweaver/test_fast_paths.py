@@ -1,0 +1,117 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The incremental greedy scheduler, lowering and checker give exactly what the scanning ones
+gave (the oracles in ``reference_*.py``, the code before issue 13), on random instances:
+the same schedules, the same reports, the same error messages."""
+
+from __future__ import annotations
+
+import random
+
+import reference_checker
+import reference_interleave
+import reference_lowering
+
+from pipeweaver.checker import check
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.fuzz import random_invalid_schedule, random_valid_schedule
+from pipeweaver.interleave import greedy_dual_queue
+from pipeweaver.ir import Memory
+from pipeweaver.lowering import lower
+from pipeweaver.placement import Placement
+from pipeweaver.schedule import Schedule
+from pipeweaver.search.segments import SegmentSpace, order_priority
+
+
+def _instance(rng: random.Random) -> tuple[Placement, MicrobatchStructure]:
+    p = rng.randint(1, 4)
+    layers = {"vision": rng.randint(p, 3 * p), "audio": rng.randint(p, 2 * p)}
+    if rng.random() < 0.3:
+        del layers["audio"]
+    layers["llm"] = rng.randint(p, 3 * p)
+    chunks = {m: rng.randint(1, max(1, min(2, n // p))) for m, n in layers.items()}
+    m = rng.randint(1, 6)
+    subs = {e: tuple(rng.randint(0, 3) for _ in range(m)) for e in layers if e != "llm"}
+    return Placement.interleaved(p, layers, chunks), MicrobatchStructure(m, subs)
+
+
+def _outcome(fn, *args, **kwargs) -> str:
+    """The result as text, or the error's type and message."""
+    try:
+        return str(fn(*args, **kwargs))
+    except Exception as e:  # the oracle and the fast path must fail alike
+        return f"{type(e).__name__}: {e}"
+
+
+def test_greedy_dual_queue_equals_the_scanning_oracle_on_random_instances():
+    rng = random.Random(13)
+    kinds = set()
+    for _ in range(120):
+        placement, structure = _instance(rng)
+        times = {}  # equal durations are frequent: ties must break alike
+
+        def duration(a, times=times):
+            return times.setdefault(a.key, float(rng.choice([1, 2, 2.5, 3])))
+
+        def kept(a):
+            return 1.0 + a.chunk + a.sub
+
+        kw = {"p2p_time": rng.choice([0.0, 0.5]), "memory": rng.choice(list(Memory))}
+        case = rng.choice(["plain", "soft cap", "hard limit", "order priority"])
+        kinds.add(case)
+        if case == "soft cap":
+            kw.update(memory_cap=rng.choice([2.0, 5.0]), activation_bytes=kept)
+        elif case == "hard limit":
+            kw.update(memory_limit=rng.choice([6.0, 12.0, 40.0]), activation_bytes=kept)
+        elif case == "order priority":
+            groups = list(SegmentSpace(placement, structure).groups)
+            rng.shuffle(groups)
+            kw["priority"] = order_priority(groups)
+        want = _outcome(
+            reference_interleave.greedy_dual_queue, placement, structure, duration, **kw
+        )
+        got = _outcome(greedy_dual_queue, placement, structure, duration, **kw)
+        assert got == want, (case, kw)
+    assert kinds == {"plain", "soft cap", "hard limit", "order priority"}
+
+
+def test_lowering_equals_the_oracle_on_random_orders_and_broken_ones():
+    rng = random.Random(7)
+    for n in range(80):
+        placement, structure = _instance(rng)
+        order = [
+            list(r) for r in random_valid_schedule(placement, structure, rng).compute_only().actions
+        ]
+        if n % 3 == 1:  # a compute missing: its consumers' inputs are not scheduled
+            r = rng.choice([r for r in range(len(order)) if order[r]])
+            order[r].pop(rng.randrange(len(order[r])))
+        elif n % 3 == 2:  # a compute twice
+            r = rng.choice([r for r in range(len(order)) if order[r]])
+            order[r].insert(rng.randrange(len(order[r]) + 1), rng.choice(order[r]))
+        schedule = Schedule(placement, structure, tuple(tuple(o) for o in order))
+        assert _outcome(lower, schedule) == _outcome(reference_lowering.lower, schedule)
+
+
+def _report(fn, schedule, **kw) -> str:
+    try:
+        r = fn(schedule, **kw)
+        return f"{r.num_actions} {r.rounds} {r.peak_activation_bytes}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def test_checker_equals_the_oracle_on_random_valid_and_invalid_schedules():
+    rng = random.Random(3)
+    failures = 0
+    for n in range(120):
+        placement, structure = _instance(rng)
+        if n % 2:
+            schedule = random_valid_schedule(placement, structure, rng)
+        else:
+            schedule, _ = random_invalid_schedule(placement, structure, rng)
+        kw = {}
+        if n % 4 == 1:
+            kw = {"memory_cap": rng.choice([3, 10, 100]), "activation_bytes": lambda a: 1 + a.chunk}
+        want = _report(reference_checker.check, schedule, **kw)
+        assert _report(check, schedule, **kw) == want
+        failures += want.startswith("ScheduleError")
+    assert failures >= 60  # every invalid schedule, and some over the cap
