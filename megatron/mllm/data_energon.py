@@ -47,7 +47,7 @@ from megatron.mllm.preprocess import (
     image_size,
 )
 from megatron.mllm.tokenizer import TextTokenizer
-from orchestration.workload import SampleMeta, WorkloadError
+from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta, WorkloadError
 
 
 def open_dataset(path: str):
@@ -241,7 +241,7 @@ class EnergonStream:
                     f"sample {raw.name}: its decoded {modality} has units "
                     f"{[f.shape[0] for f in feats]}, its header said {list(want)}"
                 )
-            units.setdefault("vision" if modality == "image" else "audio", []).extend(feats)
+            units.setdefault(ENCODER_OF_MODALITY[modality], []).extend(feats)
         return SamplePayload(tokens=tokens, units=units)
 
     def close(self) -> None:

@@ -16,18 +16,17 @@ half (:meth:`DynamicResolution.features`) yields exactly the units it announced.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from megatron.mllm.preprocess import (
-    IMAGE_MEAN,
-    IMAGE_STD,
     VISION_TOKENS_PER_LLM_TOKEN,
     DecodeError,
     ImageTiling,
+    decode_rgb,
+    normalised,
 )
 from orchestration.workload import Item
 
@@ -121,11 +120,7 @@ class DynamicResolution:
         """
         from PIL import Image
 
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                img = img.convert("RGB")
-        except Exception as e:  # Pillow raises many types for bad data
-            raise DecodeError(f"cannot decode the image: {e}") from e
+        img = decode_rgb(data)
         w, h = self.resized(*img.size)
         pixels = np.asarray(img.resize((w, h), Image.Resampling.BICUBIC))
         return [self._patches(pixels)]
@@ -135,7 +130,7 @@ class DynamicResolution:
         row-major, the 2 x 2 patches of a block consecutive (row-major within it)."""
         p = self.patch_size
         rows, cols = pixels.shape[0] // self.factor, pixels.shape[1] // self.factor
-        x = (pixels.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
+        x = normalised(pixels)
         # (block row, patch row in block, pixel row, block col, patch col, pixel col, channel)
         x = x.reshape(rows, MERGE, p, cols, MERGE, p, 3)
         x = x.transpose(0, 3, 1, 4, 6, 2, 5)

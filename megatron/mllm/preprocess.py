@@ -118,11 +118,7 @@ class ImageTiling:
         """
         from PIL import Image
 
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                img = img.convert("RGB")
-        except Exception as e:  # Pillow raises many types for bad data
-            raise DecodeError(f"cannot decode the image: {e}") from e
+        img = decode_rgb(data)
         t = self.tile_size
         cols, rows = self.grid(*img.size)
         resized = np.asarray(img.resize((cols * t, rows * t), Image.Resampling.BICUBIC))
@@ -138,9 +134,28 @@ class ImageTiling:
     def _patches(self, tile: np.ndarray) -> np.ndarray:
         """``[t, t, 3]`` uint8 pixels to ``[(t/p)^2, 3 p p]`` normalised patches, row-major."""
         p, n = self.patch_size, self.tile_size // self.patch_size
-        x = (tile.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
-        x = x.reshape(n, p, n, p, 3).transpose(0, 2, 4, 1, 3)
+        x = normalised(tile).reshape(n, p, n, p, 3).transpose(0, 2, 4, 1, 3)
         return np.ascontiguousarray(x.reshape(n * n, 3 * p * p))
+
+
+def decode_rgb(data: bytes):
+    """An encoded image decoded to an RGB ``PIL.Image``.
+
+    Raises:
+        DecodeError: the bytes are not an image Pillow can decode.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+    except Exception as e:  # Pillow raises many types for bad data
+        raise DecodeError(f"cannot decode the image: {e}") from e
+
+
+def normalised(pixels: np.ndarray) -> np.ndarray:
+    """``uint8`` RGB pixels as float32, normalised by the ImageNet mean and deviation."""
+    return (pixels.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
 
 
 def image_size(data: bytes) -> tuple[int, int]:
