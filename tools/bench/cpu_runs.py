@@ -26,6 +26,15 @@ DEMO_FLAGS = [
 """The README's demo command, but for ``--data-path`` and ``--tokenizer-model``."""
 
 
+def add_demo_data_argument(parser) -> None:
+    """``--data-path``, defaulting to the demo blend, for the benchmarks on real data."""
+    parser.add_argument(
+        "--data-path",
+        default="demo-data/blend.yaml",
+        help="default demo-data/blend.yaml (the demo, built if absent)",
+    )
+
+
 def demo_data_flags(path: str) -> tuple[list[str], tempfile.TemporaryDirectory | None]:
     """The demo's trainer flags on ``path`` (a dataset directory or a metadataset YAML whose
     directory holds ``tokenizer/``); when ``path`` does not exist, on a demo dataset built in a

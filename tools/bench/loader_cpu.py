@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from cpu_runs import demo_data_flags, run_main_job, summarize
+from cpu_runs import add_demo_data_argument, demo_data_flags, run_main_job, summarize
 
 DP = 2
 
@@ -81,11 +81,7 @@ def loader_rate(path: str, workers: int, iters: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--data-path",
-        default="demo-data/blend.yaml",
-        help="default demo-data/blend.yaml (the demo, built if absent)",
-    )
+    add_demo_data_argument(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=12, help="trainer iterations per run")
     p.add_argument("--loader-iters", type=int, default=40, help="iterations the loader reads")

@@ -27,7 +27,7 @@ import argparse
 import sys
 
 import numpy as np
-from cpu_runs import demo_data_flags
+from cpu_runs import add_demo_data_argument, demo_data_flags
 
 from megatron.mllm.cli.args import quiet_config_files
 from megatron.mllm.steps.phase_balanced import payload_bytes
@@ -85,11 +85,7 @@ def iteration_bytes(stream, plan_inputs, cost_model, iteration, mbs, num_mb):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--data-path",
-        default="demo-data/blend.yaml",
-        help="default demo-data/blend.yaml (the demo, built if absent)",
-    )
+    add_demo_data_argument(p)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("extra", nargs="*", help="trainer flags after --")
     args = p.parse_args(argv)
