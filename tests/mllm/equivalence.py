@@ -133,7 +133,9 @@ def assert_equivalent(run, reference) -> None:
         assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
 
 
-def assert_trains_the_same(records, learned, ref_records, ref_learned, rtol=1e-5) -> None:
+def assert_trains_the_same(
+    records, learned, ref_records, ref_learned, rtol=1e-5, param_rtol=None
+) -> None:
     """Several iterations with optimizer steps learn what the reference learns.
 
     The same samples and tokens every iteration; the trainer's reported loss and gradient norm
@@ -146,6 +148,8 @@ def assert_trains_the_same(records, learned, ref_records, ref_learned, rtol=1e-5
             global name (:func:`merge`'s first two).
         ref_records: the reference's records.
         ref_learned: the reference's ``(gradients, parameters)``.
+        rtol: the bound of everything compared.
+        param_rtol: the final parameters' own bound (default ``rtol``).
     """
     assert len(records) == len(ref_records), (len(records), len(ref_records))
     for i, (record, ref) in enumerate(zip(records, ref_records)):
@@ -154,14 +158,17 @@ def assert_trains_the_same(records, learned, ref_records, ref_learned, rtol=1e-5
         for field in ("lm_loss", "grad_norm"):
             rel = abs(record[field] - ref[field]) / abs(ref[field])
             assert rel <= rtol, f"iteration {i}: {field} {record[field]} vs {ref[field]}"
-    for kind, tensors, ref_tensors in zip(("gradient", "parameter"), learned, ref_learned):
+    bounds = (rtol, rtol if param_rtol is None else param_rtol)
+    for kind, tensors, ref_tensors, bound in zip(
+        ("gradient", "parameter"), learned, ref_learned, bounds
+    ):
         assert set(tensors) == set(ref_tensors), f"{kind}s: {set(tensors) ^ set(ref_tensors)}"
         off = {
             name: rel
             for name, t in tensors.items()
-            if (rel := relative_difference(t, ref_tensors[name])) > rtol
+            if (rel := relative_difference(t, ref_tensors[name])) > bound
         }
-        assert not off, f"{kind}s beyond {rtol:g} (relative): {off}"
+        assert not off, f"{kind}s beyond {bound:g} (relative): {off}"
 
 
 def without_key_biases(

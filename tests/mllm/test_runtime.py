@@ -17,6 +17,9 @@ from launch import REPO, check, free_port, torchrun
 pytestmark = pytest.mark.multiproc
 
 WORKER = Path(__file__).with_name("runtime_worker.py")
+FUZZED = 64
+"""Random valid schedules run at PP=2 (each a whole step; the fuzzer's own tests check 200
+schedules statically without running them)."""
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
            "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]  # fmt: skip
 
@@ -35,7 +38,7 @@ def test_microbatches_with_0_1_and_many_images_with_and_without_audio(run, world
     assert_equivalent(world2[run], references["variable"])
 
 
-def test_200_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tmp_path, reference):
+def test_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tmp_path, reference):
     """Fuzzed orders with random strategies, and the greedy order under a memory limit with
     keep, recompute and offload planned per F/B pair by the memory ILP (runtime_worker.py)."""
     flags = [
@@ -46,8 +49,8 @@ def test_200_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tm
         "--llm-chunks-per-stage",
         "2",
     ]
-    proc = check(torchrun(2, WORKER, ["fuzz", str(tmp_path), "200", *flags], timeout=600))
-    assert proc.stdout.count("fuzzed 200 schedules") == 2
+    proc = check(torchrun(2, WORKER, ["fuzz", str(tmp_path), str(FUZZED), *flags], timeout=600))
+    assert proc.stdout.count(f"fuzzed {FUZZED} schedules") == 2
     assert proc.stdout.count("rejected: rank ") == 2
     assert proc.stdout.count("planned strategies ['none', 'offload', 'recompute']") == 2
     for run in ("grads", "planned"):
@@ -55,7 +58,7 @@ def test_200_fuzzed_schedules_and_a_memory_plan_learn_what_one_process_learns(tm
         for r in range(2):
             grads.update(torch.load(tmp_path / f"rank{r}.pt")[run])
         assert set(grads) == set(reference[0])
-        for name, g in grads.items():  # the worker checked the other 199 against the first
+        for name, g in grads.items():  # the worker checked the others against the first
             ref = reference[0][name]
             rel = float((g - ref).norm() / ref.norm().clamp_min(1e-30))
             assert rel <= 1e-5, f"{run} {name}: relative gradient difference {rel:.2e}"

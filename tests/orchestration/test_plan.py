@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megatron.mllm.cli.balance_report import main as balance_report_main
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from orchestration.metadata import (
@@ -37,9 +35,6 @@ from orchestration.routing import Route, row_index
 from orchestration.sample_plan import plan_whole_samples
 from orchestration.workload import Item, SampleMeta, WorkloadError
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
-
-REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / "tools" / "balance_report.py"
 
 
 def _shape() -> ModelShape:
@@ -410,27 +405,14 @@ def test_microbatches_grow_when_the_limit_requires_and_name_a_too_long_sample():
 # The tool
 
 
-def test_balance_report_json():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(TOOL),
-            "omni-three-modality",
-            "--dp",
-            "4",
-            "--samples-per-rank",
-            "4",
-            "--ilp-seconds",
-            "0.2",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+def test_balance_report_json(capsys):
+    # In process: the tool is main() of its console script (a subprocess pays ~15 s of imports).
+    argv = ["omni-three-modality", "--dp", "4", "--samples-per-rank", "4", "--ilp-seconds", "0.2",
+            "--json"]  # fmt: skip
+    code = balance_report_main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
     assert out["dp"] == 4 and out["samples_per_rank"] == 4
     assert set(out["phases"]) == {"vision", "audio", "llm"}
     for phase in out["phases"].values():
@@ -452,16 +434,10 @@ def test_balance_report_json():
         )
 
 
-def test_balance_report_bad_input_is_one_error_line():
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "no-such-spec", "--dp", "2"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: workload spec not found")
+def test_balance_report_bad_input_is_one_error_line(capsys):
+    assert balance_report_main(["no-such-spec", "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: workload spec not found")
 
 
 def test_gathered_metadata_rebuilds_every_sample():
