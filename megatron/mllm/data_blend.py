@@ -16,6 +16,8 @@ YAML (Energon's v2 format), read here by a small parser of our own::
             path: documents
 
 (``train`` may also be a single ``path:``; an entry's ``subflavors`` are accepted and unused.)
+An entry's ``path`` may be another metadataset YAML: it is drawn with the entry's weight, which
+its own datasets share in proportion to their weights, as Energon blends a nested blend.
 
 Stream index ``k`` comes from dataset ``d(k)``, drawn by weight from a hash of ``(seed, k)``
 alone (:func:`blend_choices`), and is that dataset's own stream index ``j``: how many indices
@@ -110,9 +112,16 @@ def read_metadataset(path: str) -> list[tuple[float, str, str]]:
     Raises:
         ConfigError: naming the file, when it is missing, not YAML, or not such a blend.
     """
+    return _checked(_read_metadataset(path, (), os.path.dirname(os.path.abspath(path))),
+                    f"--data-path {path}")  # fmt: skip
+
+
+def _read_metadataset(path: str, within: tuple[str, ...], top: str):
+    """:func:`read_metadataset` of ``path``, nested in the YAMLs ``within`` (outermost first);
+    labels are dataset paths relative to ``top``, the outermost YAML's directory."""
     import yaml
 
-    where = f"--data-path {path}"
+    where = "--data-path " + " -> ".join((*within, path))
     if not os.path.isfile(path):
         raise ConfigError(f"{where}: no such file")
     try:
@@ -149,14 +158,24 @@ def read_metadataset(path: str) -> list[tuple[float, str, str]]:
         ):  # fmt: skip
             raise ConfigError(f"{at}: 'weight' must be a number > 0, got {weight!r}")
         rel = entry["path"]
-        if rel.endswith(METADATASET_SUFFIXES):
-            raise ConfigError(f"{at}: nested metadatasets ({rel}) are not supported")
         full = rel if os.path.isabs(rel) else os.path.normpath(os.path.join(base, rel))
+        if rel.endswith(METADATASET_SUFFIXES):
+            # A nested metadataset is drawn with its entry's weight, and shares it among its
+            # own datasets in proportion to theirs (as Energon blends a nested blend).
+            chain = tuple(os.path.realpath(p) for p in (*within, path))
+            if os.path.realpath(full) in chain:
+                raise ConfigError(f"{at}: {rel} includes itself (a cycle of metadatasets)")
+            if not os.path.isfile(full):
+                raise ConfigError(f"{at}: metadataset {rel} ({full}) is not a file")
+            inner = _read_metadataset(full, (*within, path), top)
+            total = sum(w for w, _, _ in inner)
+            out.extend((float(weight) * w / total, p, label) for w, p, label in inner)
+            continue
         if not os.path.isdir(full):
             raise ConfigError(f"{at}: dataset {rel} ({full}) is not a directory")
-        label = os.path.normpath(rel)
+        label = os.path.normpath(os.path.relpath(full, top)) if not os.path.isabs(rel) else rel
         out.append((float(weight), full, os.path.basename(full) if label == "." else label))
-    return _checked(out, where)
+    return out
 
 
 def _checked(blend, where):

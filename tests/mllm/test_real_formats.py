@@ -232,6 +232,26 @@ def test_data_path_blends_and_metadataset_yaml(documents, tmp_path, capsys):
     yaml_path = str(root / "mix.yaml")
     write_blend(yaml_path, [("docs", 2.0), ("docs2", 1.0)])
     assert blend_of([yaml_path]) == [(2.0, path, "docs"), (1.0, other, "docs2")]
+    # A nested metadataset is drawn with its entry's weight, shared by its own datasets in
+    # proportion to theirs; its datasets are named from the outer YAML's directory.
+    third = str(root / "sub" / "docs3")
+    write_energon_dataset(third, document_samples(DemoSpec(num_documents=4, seed=5)), 1)
+    write_blend(str(root / "sub" / "inner.yaml"), [("docs3", 3.0), ("../docs2", 1.0)])
+    write_blend(str(root / "outer.yaml"), [("docs", 1.0), ("sub/inner.yaml", 2.0)])
+    assert blend_of([str(root / "outer.yaml")]) == [
+        (1.0, path, "docs"), (1.5, third, "sub/docs3"), (0.5, other, "docs2")
+    ]  # fmt: skip
+    write_blend(str(root / "twice.yaml"), [("docs2", 1.0), ("sub/inner.yaml", 1.0)])
+    with pytest.raises(ConfigError, match="dataset .*docs2 is named twice"):
+        blend_of([str(root / "twice.yaml")])
+    write_blend(str(root / "sub" / "loop.yaml"), [("docs3", 1.0), ("../cycle.yaml", 1.0)])
+    write_blend(str(root / "cycle.yaml"), [("docs", 1.0), ("sub/loop.yaml", 1.0)])
+    with pytest.raises(ConfigError, match=r"cycle\.yaml -> .*loop\.yaml: splits\.train\.blend"
+                       r"\[1\]: \.\./cycle\.yaml includes itself"):  # fmt: skip
+        blend_of([str(root / "cycle.yaml")])
+    write_blend(str(root / "missing.yaml"), [("docs", 1.0), ("sub/none.yaml", 1.0)])
+    with pytest.raises(ConfigError, match=r"metadataset sub/none\.yaml .* is not a file"):
+        blend_of([str(root / "missing.yaml")])
     # A checkpoint records the blend: another weight or dataset draws another order.
     streams = [_stream(path, tk, label="docs"), _stream(other, tk, label="docs2")]
     ident = BlendedStream(streams, (2.0, 1.0), seed=3).identity()
