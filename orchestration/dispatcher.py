@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from orchestration.locality import group_ranks_per_node
 from orchestration.metadata import GatheredMetadata, PlanError, check_digests, encode_rank_metadata
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
@@ -141,7 +142,9 @@ class Dispatcher:
         """Args:
         group: the data-parallel group (None: the default group).
         node_wise: use the node-wise (three-hop) exchange.
-        gpus_per_node: ranks per node, in group rank order; needed by the node-wise exchange.
+        gpus_per_node: global ranks per node (``--gpus-per-node``); needed by the node-wise
+            exchange. The group's own count (:attr:`gpus_per_node`: fewer with tensor or
+            pipeline parallelism) follows from its members' global ranks.
         timers: where collectives report their time: an object whose
             ``span(name, level, detail=, group=)`` is a context manager (the trainer's
             ``megatron.mllm.timers.StepTimers``); None times nothing.
@@ -153,13 +156,16 @@ class Dispatcher:
         self.world = dist.get_world_size(group)
         if node_wise and not gpus_per_node:
             raise ValueError("--node-wise-a2a needs --gpus-per-node")
-        if node_wise and self.world % gpus_per_node != 0:
+        per_node = group_ranks_per_node(self.group_ranks, gpus_per_node) if gpus_per_node else 1
+        if node_wise and (per_node is None or self.world % per_node != 0):
             raise ValueError(
-                f"--gpus-per-node {gpus_per_node} does not divide the data-parallel size "
-                f"{self.world}"
+                f"--node-wise-a2a: the data-parallel group's ranks {list(self.group_ranks)} do "
+                f"not fill nodes of --gpus-per-node {gpus_per_node} in equal runs"
             )
         self.node_wise = node_wise
-        self.gpus_per_node = gpus_per_node
+        self.gpus_per_node = per_node or 1
+        """Members of the group per node, in group rank order (each its own node when the
+        group's nodes are irregular): the node-aware placement's and the exchange's unit."""
         self.bytes_moved = 0
         """Bytes that crossed ranks in every exchange since :meth:`reset_counters`, summed over
         all ranks (the same number on every rank: it comes from the count matrices)."""

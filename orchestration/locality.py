@@ -55,6 +55,35 @@ class LocalityResult:
     """Whether both stages were solved exactly."""
 
 
+def group_ranks_per_node(group_ranks, gpus_per_node: int) -> int | None:
+    """How many members of a process group share a node, as the balancer counts nodes: in
+    group rank order, each node holding the same number of consecutive members.
+
+    ``--gpus-per-node`` counts global ranks; with tensor or pipeline parallelism a node holds
+    fewer data-parallel ranks (8 GPUs at TP=8 hold one), so the node-aware placement and the
+    node-wise exchange need the group's own count.
+
+    Args:
+        group_ranks: the group's members' global ranks, in group rank order.
+        gpus_per_node: global ranks per node (node ``n`` holds ``[n*g, (n+1)*g)``).
+
+    Returns:
+        Members per node, or None when the group's nodes are not consecutive equal runs of its
+        members (then no node grouping of the group is exact).
+    """
+    nodes = [int(r) // int(gpus_per_node) for r in group_ranks]
+    runs: list[list[int]] = []
+    for node in nodes:
+        if runs and runs[-1][0] == node:
+            runs[-1][1] += 1
+        else:
+            runs.append([node, 1])
+    sizes = {count for _, count in runs}
+    if len(sizes) != 1 or len({node for node, _ in runs}) != len(runs):
+        return None
+    return sizes.pop()
+
+
 def map_bins_to_ranks(
     bins: np.ndarray,
     owners: np.ndarray,

@@ -266,7 +266,10 @@ class BalancedStep(TrainingStep):
         """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
         text = f"post-balance: {self.balance.post_balance}, {mode}"
         if self.balance.node_wise_a2a:
-            text += f", node-wise all-to-all ({self.balance.gpus_per_node} ranks per node)"
+            text += (
+                f", node-wise all-to-all ({self.dispatcher.gpus_per_node} data-parallel ranks "
+                "per node)"
+            )
         return text
 
     def plan_within_caps(self, planner: Callable[..., Any], metadata, cost_model: CostModel,

@@ -109,7 +109,7 @@ class PhaseBalancedStep(BalancedStep):
         budget = FITTED_BUDGET if cost_model is not self.cost_model else DEFAULT_BUDGET
         return self.plan_within_caps(
             plan_iteration, metadata, cost_model, phases=b.balance_phases,
-            gpus_per_node=b.gpus_per_node, exchange=exchange, budget=budget,
+            gpus_per_node=self.dispatcher.gpus_per_node, exchange=exchange, budget=budget,
         )  # fmt: skip
 
     def log_note(self) -> str | None:
