@@ -72,6 +72,44 @@ def sample_layout(meta: SampleMeta) -> tuple[list[ItemSpan], list[tuple[int, int
     return spans, text
 
 
+@dataclass(frozen=True)
+class ChatTurns:
+    """The turn token ids of ``--prompt-format chat``: the loss then scores only the assistant's
+    replies (:func:`build_microbatch`)."""
+
+    user: int
+    """``<|user|>``: opens a user turn."""
+
+    assistant: int
+    """``<|assistant|>``: opens an assistant turn."""
+
+    end: int
+    """``<|end|>``: closes a turn."""
+
+    @classmethod
+    def of(cls, tokenizer) -> "ChatTurns":
+        """The ids of a :class:`~megatron.mllm.tokenizer.TextTokenizer`'s chat tokens."""
+        return cls(*(tokenizer.token_id(t) for t in ("<|user|>", "<|assistant|>", "<|end|>")))
+
+    def in_reply(self, tokens: np.ndarray) -> np.ndarray:
+        """Which positions of a sample's ``tokens`` lie in an assistant turn: after its
+        ``<|assistant|>``, up to and including the ``<|end|>`` that closes it.
+
+        Position ``j`` is in a reply when the last turn token before it is ``<|assistant|>``;
+        the turn tokens themselves are not (but for the closing ``<|end|>``).
+        """
+        tokens = np.asarray(tokens)
+        kind = np.full(tokens.shape[0], -1, dtype=np.int8)  # -1: not a turn token
+        kind[(tokens == self.user) | (tokens == self.end)] = 0
+        kind[tokens == self.assistant] = 1
+        last = np.where(kind >= 0, np.arange(tokens.shape[0]), -1)
+        np.maximum.accumulate(last, out=last)  # the last turn token at or before each position
+        opened = np.where(last >= 0, kind[np.maximum(last, 0)], 0) == 1
+        out = np.zeros(tokens.shape[0], dtype=bool)
+        out[1:] = opened[:-1]
+        return out
+
+
 @dataclass
 class SamplePayload:
     """The data of one sample, consistent with its metadata."""
@@ -135,7 +173,8 @@ class LanguageInput:
     """Next-token targets ``[S]`` (0 where the loss mask is 0)."""
 
     loss_mask: Tensor
-    """1.0 where the next token is a text token of the same sample ``[S]``."""
+    """1.0 where the next token is a text token of the same sample ``[S]`` (with chat turns, one
+    of an assistant's reply)."""
 
     splice_positions: dict[str, Tensor] = field(default_factory=dict)
     """Per encoder, the LLM positions that receive its output rows, in row order."""
@@ -214,6 +253,7 @@ def build_microbatch(
     device: torch.device | str = "cpu",
     with_features: bool = True,
     max_pad_run: int | None = None,
+    chat_turns: ChatTurns | None = None,
 ) -> PackedMicrobatch:
     """Pack samples into one microbatch.
 
@@ -225,6 +265,11 @@ def build_microbatch(
         device: where the tensors go.
         with_features: materialise encoder input features; stages that run no encoder input
             layer only need shapes, tokens and labels.
+        max_pad_run: the longest padding run (longer padding is split into several).
+        chat_turns: ``--prompt-format chat``'s turn tokens: a position is then a target only
+            where the next token is text inside an assistant turn (its reply and the
+            ``<|end|>`` closing it), read off the token ids alone, so every rank that packs a
+            sample masks it alike. None (captions, synthetic data): every next text token.
 
     Raises:
         ValueError: a payload disagrees with its metadata, a sample needs an encoder the model
@@ -275,6 +320,8 @@ def build_microbatch(
         lab = np.zeros(n, dtype=np.int64)
         m = np.zeros(n, dtype=np.float32)
         nxt = is_text[1:]
+        if chat_turns is not None:
+            nxt = nxt & chat_turns.in_reply(payload.tokens)[1:]
         m[:-1] = nxt
         lab[:-1] = np.where(nxt, payload.tokens[1:], 0)
         labels.append(lab)

@@ -231,6 +231,11 @@ class BlendedStream:
     def __len__(self) -> int:
         return sum(len(s) for s in self.streams)
 
+    @property
+    def chat_turns(self):
+        """The datasets' chat turn tokens (one tokenizer and prompt format for all), or None."""
+        return self.streams[0].chat_turns
+
     def identity(self) -> tuple[str, int, str, int]:
         """What a checkpoint records (as :meth:`EnergonStream.identity`): the weighted paths,
         the samples of all datasets, one fingerprint of every dataset's shard index and its

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from megatron.mllm.arguments import ConfigError
-from megatron.mllm.batch import PLACEHOLDER_TOKEN, SamplePayload, sample_layout
+from megatron.mllm.batch import PLACEHOLDER_TOKEN, ChatTurns, SamplePayload, sample_layout
 from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to callers)
     PROMPT_FORMATS,
     DataError,
@@ -124,6 +124,11 @@ class EnergonStream:
 
     def __len__(self) -> int:
         return len(self._reader)
+
+    @property
+    def chat_turns(self) -> ChatTurns | None:
+        """The turn tokens the loss masks by (``--prompt-format chat``), else None."""
+        return ChatTurns.of(self.tokenizer) if self.prompt_format == "chat" else None
 
     def identity(self) -> tuple[str, int, str, int]:
         """What a checkpoint records of the stream (``megatron.mllm.data_state``): the

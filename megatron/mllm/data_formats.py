@@ -12,19 +12,23 @@ media parts:
   ANSWER}`` and one image part;
 - ``interleaved`` (a document of text runs and media in reading order): ``{"type":
   "interleaved", "sequence": [TEXT, {"media": PART}, TEXT, ...]}``, each ``PART`` a part of the
-  sample (``img0.png``, ``clip1.flac``) whose extension says its modality.
+  sample (``img0.png``, ``clip1.flac``) whose extension says its modality; ``{"role": "user"}``
+  and ``{"role": "assistant"}`` entries start the turns of a chat (``--prompt-format chat``).
 
 The prompt format wraps the text in the tokens the tokenizer defines:
 
 - ``caption`` (the default): ``<s> TEXT </s>``. A caption sample's item sits half-way through
   its text, as before any layout existed; a VQA sample is ``<s> [image] QUESTION ANSWER </s>``
   (a space between the two);
-  an interleaved document is ``<s>`` and its sequence in order, then ``</s>``.
+  an interleaved document is ``<s>`` and its sequence in order, then ``</s>`` (its role
+  entries hold no text).
 - ``chat``: user and assistant turns (:data:`~megatron.mllm.tokenizer.CHAT_TOKENS`):
   ``<s> <|user|> [item] <|end|> <|assistant|> CAPTION <|end|> </s>`` for captions,
-  ``<s> <|user|> [image] QUESTION <|end|> <|assistant|> ANSWER <|end|> </s>`` for VQA, and one
-  user turn holding the document for interleaved samples. Every text position is scored by the
-  loss, turn tokens included (there is no masking by role).
+  ``<s> <|user|> [image] QUESTION <|end|> <|assistant|> ANSWER <|end|> </s>`` for VQA; an
+  interleaved document is a turn per role entry (``<|end|>`` closes each), what comes before the
+  first one a user's turn (the whole document, when it has none). The loss scores only the
+  assistant's turns: their text and the ``<|end|>`` closing each (``batch.ChatTurns``); user
+  turns, the turn-opening tokens and ``</s>`` are not targets.
 
 A caption's, question's or answer's text may hold the placeholder ``<image>`` (``<audio>`` for
 audio), token ids 3 and 4: the item then sits there instead of the format's default place, and
@@ -56,6 +60,11 @@ PLACEHOLDERS = {"image": "<image>", "audio": "<audio>"}
 """The placeholder token of each modality's items."""
 
 _ITEM = object()  # where a template puts its sample's one item when the text places none
+
+_ROLE = object()  # (_ROLE, "user" | "assistant"): a turn of a chat starts there
+
+ROLES = ("user", "assistant")
+"""The roles of an interleaved document's ``{"role": ROLE}`` entries."""
 
 
 class DataError(WorkloadError):
@@ -122,12 +131,13 @@ def read_sample(sample: Mapping[str, Any], name: str, tokenizer, prompt_format: 
     tk = tokenizer
     bos, eos = tk.token_id("<s>"), tk.token_id("</s>")
     if chat:
-        user, assistant, end = (tk.token_id(t) for t in ("<|user|>", "<|assistant|>", "<|end|>"))
         prompt, reply = pieces
-        template = [bos, user, *prompt, end, *([assistant, *reply, end] if reply else []), eos]
+        turns = [*prompt, *([(_ROLE, "assistant"), *reply] if reply else [])]
+        template = [bos, *_turns(turns, tk), eos]
     else:  # a space between a question and its answer, as a reader would write them
         reply = [" " + pieces[1][0]] if kind == "vqa" else pieces[1]
-        template = [bos, *pieces[0], *reply, eos]
+        prompt = [p for p in pieces[0] if not (isinstance(p, tuple) and p[0] is _ROLE)]
+        template = [bos, *prompt, *reply, eos]
     flat, placed = _tokenize(template, tk, name)
     if kind in ("caption", "audio_caption") and not chat and not placed:
         # No placeholder: the item sits half-way through the text, as it always has.
@@ -165,6 +175,14 @@ def _document(sample, info, name) -> tuple[list, list]:
         if isinstance(entry, str):
             pieces.append(entry)
             continue
+        if isinstance(entry, dict) and len(entry) == 1 and "role" in entry:
+            if entry["role"] not in ROLES:
+                raise DataError(
+                    f"sample {name}: 'sequence'[{j}] has role {json.dumps(entry['role'])[:30]}; "
+                    f"a role is {' or '.join(ROLES)}"
+                )
+            pieces.append((_ROLE, entry["role"]))
+            continue
         part = entry.get("media") if isinstance(entry, dict) and len(entry) == 1 else None
         if not isinstance(part, str):
             raise DataError(
@@ -181,6 +199,22 @@ def _document(sample, info, name) -> tuple[list, list]:
             raise DataError(f"sample {name}: 'sequence'[{j}] names a missing field {part!r}")
         pieces.append(("media", modality, sample[part]))
     return pieces, []
+
+
+def _turns(pieces: list, tokenizer) -> list:
+    """Chat turns around pieces: each ``(_ROLE, role)`` closes the turn before it with
+    ``<|end|>`` and opens one of its role; pieces before any role are a user's turn."""
+    opens = {r: tokenizer.token_id(f"<|{r}|>") for r in ROLES}
+    end = tokenizer.token_id("<|end|>")
+    out: list = []
+    for piece in pieces:
+        role = piece[1] if isinstance(piece, tuple) and piece[0] is _ROLE else None
+        if role is not None or not out:
+            out += [end] if out else []
+            out.append(opens[role or "user"])
+        if role is None:
+            out.append(piece)
+    return out + [end] if out else [opens["user"], end]
 
 
 def _string(info, key, name) -> str:

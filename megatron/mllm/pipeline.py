@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from megatron.core.utils import make_viewless_tensor
 from megatron.mllm.batch import (
+    ChatTurns,
     EncoderInput,
     LanguageInput,
     PackedMicrobatch,
@@ -248,12 +249,16 @@ def build_pipeline_microbatch(
     with_features: bool,
     sub_tokens: int | None,
     sub_units: Mapping[str, int] | None = None,
+    chat_turns: ChatTurns | None = None,
 ) -> PipelineMicrobatch:
     """Pack samples for the runtime (no padding) and cut each encoder's items into subs: of at
     most ``sub_tokens`` tokens, or (``sub_units``, B_i per encoder) ceil(N_i / B_i) near-equal
-    subs of its N_i units, as SEMU cuts them (:func:`orchestration.packing.encoder_sub_groups`)."""
+    subs of its N_i units, as SEMU cuts them (:func:`orchestration.packing.encoder_sub_groups`).
+    ``chat_turns`` masks the loss as :func:`~megatron.mllm.batch.build_microbatch` does."""
     encoders = list(mllm.encoders)
-    packed = build_microbatch(samples, encoders, device=device, with_features=with_features)
+    packed = build_microbatch(
+        samples, encoders, device=device, with_features=with_features, chat_turns=chat_turns
+    )
     subs = {}
     for enc, enc_input in packed.encoders.items():
         items = _encoder_items(samples, enc)

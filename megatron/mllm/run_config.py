@@ -58,7 +58,8 @@ class WorkloadConfig:
     prompt_format: Literal["caption", "chat"] = "caption"
     """Real data (--data-path): the text template. caption: <s> TEXT </s>, a caption's item
     half-way through its text; chat: user and assistant turns in the tokenizer's <|user|>,
-    <|assistant|>, <|end|> tokens. An <image> or <audio> in a text places its item there."""
+    <|assistant|>, <|end|> tokens, the loss scoring only the assistant's replies and the <|end|>
+    closing each. An <image> or <audio> in a text places its item there."""
 
 
 @dataclass(kw_only=True)

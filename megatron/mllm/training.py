@@ -258,7 +258,7 @@ class Trainer:
         )
         self.step = build_step(
             run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers,
-            self.calibration,
+            self.calibration, stream.chat_turns if run.data is not None else None,
         )  # fmt: skip
         share_errors = None
         if run.data is not None:

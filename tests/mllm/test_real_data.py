@@ -184,6 +184,26 @@ TRAIN = [
 ]  # fmt: skip
 
 
+def _chat_reply_targets(root, labels, tok) -> dict[str, int]:
+    """Per sample id of the datasets ``root/LABEL`` read in the chat format, the tokens after
+    each ``<|assistant|>`` up to and including the ``<|end|>`` that closes its turn."""
+    tokenizer = load_tokenizer("HuggingFaceTokenizer", tok)
+    assistant, end = tokenizer.token_id("<|assistant|>"), tokenizer.token_id("<|end|>")
+    out = {}
+    for label in labels:
+        stream = EnergonStream(str(root / label), tokenizer, ImageTiling(TILE, PATCH, MAX_TILES),
+                               AudioFeatures(MELS, WINDOW_SECONDS), seed=3, prompt_format="chat",
+                               label=label)  # fmt: skip
+        for i in range(len(stream)):
+            raw, count, inside = stream.read(i), 0, False
+            for t in raw.text_ids:
+                count += inside
+                inside = t == assistant or (inside and t != end)
+            out[raw.name] = count
+        stream.close()
+    return out
+
+
 @pytest.mark.multiproc
 def test_two_ranks_train_on_their_own_samples_each_used_once(dataset):
     path, samples, root = dataset
@@ -244,3 +264,8 @@ def test_two_ranks_train_on_their_own_samples_each_used_once(dataset):
     losses, ids = [loss for _, loss in runs[0]], [i for batch, _ in runs[0] for i in batch]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
     assert {i.split("/")[0] for i in ids} == {"good", "docs"}
+    # Chat scores the assistant's turns only: each iteration counts the reply tokens and their
+    # closing <|end|> of its samples (a document without role entries is a user's turn: none).
+    replies = _chat_reply_targets(root, ("good", "docs"), tok)
+    for it in mixed[1]["iterations"]:
+        assert it["loss_tokens"] == sum(replies[i] for i in it["ids"]), it["ids"]

@@ -10,9 +10,10 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from megatron.mllm.arguments import ConfigError
-from megatron.mllm.batch import sample_layout
+from megatron.mllm.batch import ChatTurns, build_microbatch, sample_layout
 from megatron.mllm.cli import scan_dataset
 from megatron.mllm.data_blend import BLOCK, BlendedStream, blend_choices, blend_of
 from megatron.mllm.data_energon import EnergonStream
@@ -133,6 +134,147 @@ def test_a_placeholder_in_a_caption_places_its_item(documents, tmp_path):
     assert stream.sample_meta(by_key["shard-000000.tar/plain"]).text_runs is None
 
 
+ENCODERS = ["vision", "audio"]
+
+MULTI_TURN = [
+    # Turns by role entries: a user's question on an image, the assistant's answer, a second
+    # exchange on a clip; an item in the assistant's turn is not a target either.
+    [{"role": "user"}, "what is ", {"media": "img0.png"}, "?", {"role": "assistant"},
+     "the digit one", {"role": "user"}, "and ", {"media": "clip1"}, {"role": "assistant"},
+     "a tone", {"media": "img2.png"}, " for two"],
+    # Text before the first role entry is the user's.
+    ["look ", {"media": "img0.png"}, {"role": "assistant"}, "a digit"],
+]  # fmt: skip
+
+
+def _chat_document(sequence, meta, tk):
+    """A chat document's tokens, and per position whether it is a target of the loss (a text
+    token of an assistant's turn or the <|end|> closing it), written out from its sequence."""
+    items = iter(meta.document_items())
+    tokens, scored, role = [tk.token_id("<s>")], [False], None
+    for e in sequence:
+        if isinstance(e, dict) and "role" in e:
+            if role is not None:
+                tokens.append(tk.token_id("<|end|>"))
+                scored.append(role == "assistant")
+            role = e["role"]
+            tokens.append(tk.token_id(f"<|{role}|>"))
+            scored.append(False)
+            continue
+        if role is None:
+            role = "user"
+            tokens.append(tk.token_id("<|user|>"))
+            scored.append(False)
+        ids = tk.encode(e) if isinstance(e, str) else [0] * next(items)[2].llm_tokens
+        tokens += ids
+        scored += [role == "assistant" and isinstance(e, str)] * len(ids)
+    tokens += [tk.token_id("<|end|>"), tk.token_id("</s>")]
+    scored += [role == "assistant", False]
+    return tokens, scored
+
+
+def _scored(info, meta, tk):
+    """Per position of a chat sample (:func:`_expected_tokens`), whether the loss scores it."""
+    if info["type"] == "interleaved":  # one user turn without role entries: nothing
+        return _chat_document(info["sequence"], meta, tk)[1]
+    n, reply = meta.llm_tokens, len(tk.encode(info["answer"])) + 1  # the answer and its <|end|>
+    return [False] * (n - reply - 1) + [True] * reply + [False]
+
+
+def _masks(scored_per_sample, tokens_per_sample, pad):
+    """The loss mask and labels of samples packed in order: the target of position i is token
+    i + 1 of the same sample, where that one is scored; then ``pad`` unscored positions."""
+    mask, labels = [], []
+    for scored, tokens in zip(scored_per_sample, tokens_per_sample):
+        mask += [float(x) for x in scored[1:]] + [0.0]
+        labels += [t if x else 0 for t, x in zip(tokens[1:], scored[1:])] + [0]
+    return mask + [0.0] * pad, labels + [0] * pad
+
+
+def _text_mask(meta):
+    """The mask without chat turns: 1 where the next position is a text token."""
+    is_text = np.ones(meta.llm_tokens, dtype=bool)
+    for span in sample_layout(meta)[0]:
+        is_text[span.start : span.start + span.length] = False
+    return [float(x) for x in is_text[1:]] + [0.0]
+
+
+@pytest.mark.parametrize("prompt_format", ["caption", "chat"])
+def test_chat_scores_only_the_assistant_turns_captions_every_text_token(documents, prompt_format):
+    path, samples, _, tk = documents
+    stream = _stream(path, tk, prompt_format)
+    pairs, infos = [], []
+    for i in range(len(stream)):
+        raw = stream.read(i)
+        meta = stream.sample_meta(raw)
+        pairs.append((meta, stream.decode(raw, meta, with_features=False)))
+        infos.append(json.loads(samples[raw.name.rsplit("/", 1)[1]]["json"]))
+    total = sum(meta.llm_tokens for meta, _ in pairs)
+    turns = stream.chat_turns
+    packed = build_microbatch(pairs, ENCODERS, pad_to=total + 5, with_features=False,
+                              chat_turns=turns).language  # fmt: skip
+    # Without chat turns (the caption format's None; chat with None): every next text token,
+    # as the packer always masked.
+    old = [x for meta, _ in pairs for x in _text_mask(meta)] + [0.0] * 5
+    plain = build_microbatch(pairs, ENCODERS, pad_to=total + 5, with_features=False).language
+    assert plain.loss_mask.tolist() == old
+    if prompt_format == "caption":
+        assert turns is None
+        assert torch.equal(packed.loss_mask, plain.loss_mask)
+        assert torch.equal(packed.labels, plain.labels)
+        return
+    assert turns == ChatTurns(*(tk.token_id(t) for t in ("<|user|>", "<|assistant|>", "<|end|>")))
+    scored = [_scored(info, meta, tk) for info, (meta, _) in zip(infos, pairs)]
+    mask, labels = _masks(scored, [p.tokens.tolist() for _, p in pairs], 5)
+    assert packed.loss_mask.tolist() == mask
+    assert packed.labels.tolist() == labels
+    # VQA answers are scored; documents without role entries are a user's turn: not scored.
+    assert {info["type"] for info, s in zip(infos, scored) if any(s)} == {"vqa"}
+
+
+def test_role_entries_make_the_turns_of_a_chat_document(documents, tmp_path):
+    path, samples, _, tk = documents
+    image = next(s for s in samples.values() if "png" in s)["png"]
+    clip = next(k for s in samples.values() for k in s if k.startswith("clip"))
+    audio = next(s[clip] for s in samples.values() if clip in s)
+    clip_part = "clip1." + clip.rsplit(".", 1)[1]
+    sequences = [[dict(media=clip_part) if e == {"media": "clip1"} else e for e in seq]
+                 for seq in MULTI_TURN]  # fmt: skip
+    docs = [
+        {"__key__": f"doc{j}", "img0.png": image, "img2.png": image, clip_part: audio,
+         "json": json.dumps({"type": "interleaved", "sequence": seq}).encode()}
+        for j, seq in enumerate(sequences)
+    ]  # fmt: skip
+    write_energon_dataset(str(tmp_path / "turns"), docs, 1)
+    for prompt_format in ("chat", "caption"):
+        stream = _stream(str(tmp_path / "turns"), tk, prompt_format)
+        by_key = {}
+        for i in range(len(stream)):
+            raw = stream.read(i)
+            meta = stream.sample_meta(raw)
+            by_key[raw.name.rsplit("/", 1)[1]] = (meta, stream.decode(raw, meta, False))
+        pairs = [by_key[f"doc{j}"] for j in range(len(sequences))]
+        packed = build_microbatch(pairs, ENCODERS, with_features=False,
+                                  chat_turns=stream.chat_turns).language  # fmt: skip
+        if prompt_format == "caption":  # role entries hold no text; every text token scored
+            for seq, (meta, payload) in zip(sequences, pairs):
+                items = iter(meta.document_items())
+                body = [x for e in seq if "role" not in e
+                        for x in (tk.encode(e) if isinstance(e, str)
+                                  else [0] * next(items)[2].llm_tokens)]  # fmt: skip
+                assert payload.tokens.tolist() == [tk.token_id("<s>"), *body, tk.token_id("</s>")]
+            assert packed.loss_mask.tolist() == [x for m, _ in pairs for x in _text_mask(m)]
+            continue
+        written = [_chat_document(seq, meta, tk) for seq, (meta, _) in zip(sequences, pairs)]
+        assert [p.tokens.tolist() for _, p in pairs] == [t for t, _ in written]
+        mask, labels = _masks([s for _, s in written], [t for t, _ in written], 0)
+        assert packed.loss_mask.tolist() == mask
+        assert packed.labels.tolist() == labels
+        # Two replies and their <|end|>s in the first document, one in the second.
+        end = tk.token_id("<|end|>")
+        assert sum(1 for t, x in zip(packed.labels.tolist(), mask) if x and t == end) == 3
+
+
 BAD = {
     "missing-part": ({"type": "interleaved", "sequence": ["a", {"media": "img9.png"}]},
                      "'sequence'[1] names a missing field 'img9.png'"),
@@ -142,6 +284,8 @@ BAD = {
                   "'sequence'[0] names part 'notes.txt', which is not an image"),
     "placeholder": ({"type": "interleaved", "sequence": ["see <image>"]},
                     "its text holds the placeholder <image>; an interleaved document"),
+    "bad-role": ({"type": "interleaved", "sequence": [{"role": "system"}, "a"]},
+                 "'sequence'[0] has role \"system\"; a role is user or assistant"),
     "no-answer": ({"type": "vqa", "context": "what?"}, "missing field 'answer' (a string)"),
     "two-images": ({"type": "vqa", "context": "<image> or <image>?", "answer": "x"},
                    "its text holds the placeholders <image>, <image>; its one image"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.mllm.batch import build_microbatch
+from megatron.mllm.batch import ChatTurns, build_microbatch
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PipelineStageModel, PlacedModel
 from megatron.mllm.partitioning import sub_microbatch_units
@@ -74,12 +74,14 @@ def build_stage_model(
 
 def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatcher: Dispatcher,
                device: torch.device, timers: StepTimers = NULL_TIMERS,
-               calibration: Calibration | None = None) -> TrainingStep:  # fmt: skip
+               calibration: Calibration | None = None,
+               chat_turns: ChatTurns | None = None) -> TrainingStep:  # fmt: skip
     """The run's training step, for the (unwrapped) stage model built by
     :func:`build_stage_model`; it reports its time to ``timers``. ``calibration`` is
     ``--cost-calibration`` as the trainer fitted it to this host (the balancer's costs and the
-    schedule search's SEMU both use it)."""
-    step = _balanced(run, mllm, model, pg_collection, dispatcher, device, calibration)
+    schedule search's SEMU both use it). ``chat_turns`` (``--prompt-format chat``, the
+    stream's) masks the loss to the assistant's replies wherever a microbatch is packed."""
+    step = _balanced(run, mllm, model, pg_collection, dispatcher, device, calibration, chat_turns)
     step.timers = timers
     if isinstance(step, SampleBalancedStep):
         step.engine.timers = timers
@@ -87,14 +89,16 @@ def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatc
 
 
 def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device,
-              calibration) -> TrainingStep:  # fmt: skip
+              calibration, chat_turns) -> TrainingStep:  # fmt: skip
     """The engine alone, or the balancing step for the layout."""
-    engine = _engine(run, mllm, model, pg_collection, device, calibration)
+    engine = _engine(run, mllm, model, pg_collection, device, calibration, chat_turns)
     if run.balance.post_balance == "none":
         return engine
     cost_model = CostModel.build(mllm.shape(), calibration)
     if run.parallel.pipeline == 1:
-        return PhaseBalancedStep(run, mllm, dispatcher, cost_model, pg_collection, device)
+        return PhaseBalancedStep(
+            run, mllm, dispatcher, cost_model, pg_collection, device, chat_turns
+        )
     return SampleBalancedStep(
         engine,
         run,
@@ -107,7 +111,8 @@ def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device,
     )
 
 
-def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration) -> PackedStep:
+def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
+            chat_turns) -> PackedStep:  # fmt: skip
     """The pipeline engine: megatron-core's schedules, or OrchWeave's runtime."""
     with_features = model.holds_encoder_inputs
     encoders = list(mllm.encoders)
@@ -118,7 +123,8 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration) -
 
         def pack(samples):
             return build_microbatch(samples, encoders, pad_to=pad_to, device=device,
-                                    with_features=with_features, max_pad_run=run.seq_length)  # fmt: skip
+                                    with_features=with_features, max_pad_run=run.seq_length,
+                                    chat_turns=chat_turns)  # fmt: skip
 
         return PackedStep(engine, pack, engine.__name__, padded_length=pad_to)
     config = mllm.language
@@ -149,7 +155,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration) -
 
     def pack(samples):
         return build_pipeline_microbatch(
-            samples, mllm, device, with_features, sub_tokens, sub_units
+            samples, mllm, device, with_features, sub_tokens, sub_units, chat_turns
         )
 
     schedule = f"{name} (OrchWeave runtime, {chunks})"

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
-from megatron.mllm.batch import SamplePayload, build_microbatch, thd_params
+from megatron.mllm.batch import ChatTurns, SamplePayload, build_microbatch, thd_params
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
 from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
@@ -73,11 +73,14 @@ class PhaseBalancedStep(BalancedStep):
     """Per-phase post-balancing with PP = 1 (see the module docstring)."""
 
     def __init__(self, run, mllm: MLLMConfig, dispatcher: Dispatcher, cost_model: CostModel,
-                 pg_collection, device: torch.device):  # fmt: skip
-        """Args: those of :class:`BalancedStep`, and ``pg_collection``, megatron-core's process
-        groups (for ``finalize_model_grads``)."""
+                 pg_collection, device: torch.device,
+                 chat_turns: ChatTurns | None = None):  # fmt: skip
+        """Args: those of :class:`BalancedStep`, ``pg_collection``, megatron-core's process
+        groups (for ``finalize_model_grads``), and ``chat_turns``, the turn tokens the LLM
+        microbatches mask the loss by (``--prompt-format chat``; None: no masking)."""
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
+        self.chat_turns = chat_turns
         self.clock = PhaseClock(device)
         self.phase_s: dict[str, float] = {}
         """This rank's compute seconds per phase in the latest call."""
@@ -305,6 +308,7 @@ class PhaseBalancedStep(BalancedStep):
             list(self.mllm.encoders),
             device=self.device,
             with_features=False,
+            chat_turns=self.chat_turns,
         )
         for enc in packed.encoders:
             order, rows_of = sample_rows[enc]
