@@ -19,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pt():
+    # As when run as a script: its siblings (dip_ablation, omni84b_full_mode) import by name.
+    bench = str(REPO / "tools" / "bench")
+    if bench not in sys.path:
+        sys.path.append(bench)
     spec = importlib.util.spec_from_file_location(
         "paper_tables", REPO / "tools" / "bench" / "paper_tables.py"
     )

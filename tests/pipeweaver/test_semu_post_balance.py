@@ -24,6 +24,7 @@ from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.locality import group_ranks_per_node
 from orchestration.workload import SampleMeta
 from orchestration.workload_spec import SampleStream
 from pipeweaver.generators import generate
@@ -87,10 +88,11 @@ class _ThreadWorld:
 class _ThreadDispatcher(Dispatcher):
     """The trainer's dispatcher with its all-gathers between threads instead of processes."""
 
-    def __init__(self, world: _ThreadWorld, rank: int):  # no process group
+    def __init__(self, world: _ThreadWorld, rank: int, gpus_per_node: int):  # no process group
         self.group, self.timers, self.group_ranks = None, None, tuple(range(world.world))
         self.rank, self.world, self._threads = rank, world.world, world
-        self.node_wise, self.gpus_per_node = False, None
+        self.node_wise = False
+        self.gpus_per_node = group_ranks_per_node(self.group_ranks, gpus_per_node)
         self.bytes_moved, self.exchanges = 0, []
 
     def all_gather_arrays(self, local, what="array all-gather"):
@@ -105,7 +107,7 @@ def _trainer_batches(loaded, dp: int, iteration: int):
     run, mllm = loaded.run, loaded.model
     w = run.workload
     world = _ThreadWorld(dp)
-    dispatchers = [_ThreadDispatcher(world, d) for d in range(dp)]
+    dispatchers = [_ThreadDispatcher(world, d, run.balance.gpus_per_node) for d in range(dp)]
     task = SyntheticTask(
         vocab_size=run.vocab_size,
         num_classes=w.synthetic_num_classes,

@@ -179,8 +179,7 @@ def dip_ablation_run(cluster: str, rollouts: int, iteration: int) -> list[dict]:
     ``iteration`` is the ablation's batch: ``--batches iteration + 1`` runs the earlier ones too,
     so keep it 0 for speed. Step 5 plans memory once (``--phase3-once``, the trainer's way).
     """
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import dip_ablation
+    import dip_ablation  # a sibling: run as a script, this directory is on the path
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ablation.json")
@@ -299,8 +298,7 @@ def rows_vlm_m_grid(args: argparse.Namespace) -> list[Row]:
 
 def rows_omni84b(args: argparse.Namespace) -> list[Row]:
     """OrchMLLM's 84B three-modality run on 2,560 H100."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from omni84b_full_mode import CASES, STRONG, simulate
+    from omni84b_full_mode import CASES, STRONG, simulate  # a sibling, as dip_ablation
 
     ours = "orchweave-pp4-dynamic-recompute"
     got = {c: simulate(CASES[c], args.iteration) for c in (STRONG, "megatron-padded", ours)}

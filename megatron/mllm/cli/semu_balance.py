@@ -105,14 +105,19 @@ def setup_of(loaded) -> PostBalanceSetup:
     from megatron.mllm.steps.base import BALANCE_ALGORITHMS
     from megatron.mllm.steps.phase_balanced import payload_bytes
 
-    b = loaded.run.balance
+    from orchestration.locality import group_ranks_per_node
+
+    b, par = loaded.run.balance, loaded.run.parallel
+    # As the trainer's Dispatcher counts them: the DP group of (TP rank 0, stage 0) holds every
+    # TP-th global rank (Megatron's tp-cp-dp-pp order), each its own node when irregular.
+    dp_ranks = [par.tensor * d for d in range(par.data)]
     return PostBalanceSetup(
         algorithm=BALANCE_ALGORITHMS[b.post_balance],
         packing_limit=loaded.run.packing_limit,
         payload=payload_bytes(loaded.model),
         phases=tuple(b.balance_phases),
         caps=b.token_caps,
-        gpus_per_node=b.gpus_per_node,
+        gpus_per_node=group_ranks_per_node(dp_ranks, b.gpus_per_node) or 1,
         node_wise=b.node_wise_a2a,
     )
 
