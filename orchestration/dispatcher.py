@@ -157,7 +157,7 @@ class Dispatcher:
         if node_wise and not gpus_per_node:
             raise ValueError("--node-wise-a2a needs --gpus-per-node")
         per_node = group_ranks_per_node(self.group_ranks, gpus_per_node) if gpus_per_node else 1
-        if node_wise and (per_node is None or self.world % per_node != 0):
+        if node_wise and per_node is None:  # equal runs always divide the group
             raise ValueError(
                 f"--node-wise-a2a: the data-parallel group's ranks {list(self.group_ranks)} do "
                 f"not fill nodes of --gpus-per-node {gpus_per_node} in equal runs"

@@ -89,7 +89,9 @@ class ChatTurns:
     @classmethod
     def of(cls, tokenizer) -> "ChatTurns":
         """The ids of a :class:`~megatron.mllm.tokenizer.TextTokenizer`'s chat tokens."""
-        return cls(*(tokenizer.token_id(t) for t in ("<|user|>", "<|assistant|>", "<|end|>")))
+        from megatron.mllm.tokenizer import CHAT_TOKENS  # (user, assistant, end), our order
+
+        return cls(*(tokenizer.token_id(t) for t in CHAT_TOKENS))
 
     def in_reply(self, tokens: np.ndarray) -> np.ndarray:
         """Which positions of a sample's ``tokens`` lie in an assistant turn: after its

@@ -204,8 +204,10 @@ def _document(sample, info, name) -> tuple[list, list]:
 def _turns(pieces: list, tokenizer) -> list:
     """Chat turns around pieces: each ``(_ROLE, role)`` closes the turn before it with
     ``<|end|>`` and opens one of its role; pieces before any role are a user's turn."""
-    opens = {r: tokenizer.token_id(f"<|{r}|>") for r in ROLES}
-    end = tokenizer.token_id("<|end|>")
+    from megatron.mllm.tokenizer import CHAT_TOKENS
+
+    user, assistant, end = (tokenizer.token_id(t) for t in CHAT_TOKENS)
+    opens = {"user": user, "assistant": assistant}
     out: list = []
     for piece in pieces:
         role = piece[1] if isinstance(piece, tuple) and piece[0] is _ROLE else None
