@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.mllm.preprocess import IMAGE_MEAN, IMAGE_STD
 from orchestration.packing import padding_runs
 from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES, SampleMeta
 
@@ -120,7 +121,41 @@ class SamplePayload:
     """LLM token ids ``[llm_tokens]``; item positions hold :data:`PLACEHOLDER_TOKEN`."""
 
     units: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    """Per encoder, the input features of each unit, ``[unit_tokens, input_dim]`` float32."""
+    """Per encoder, the input of each unit, ``[unit_tokens, input_dim]``: float32 features, or
+    an image's uint8 pixel patches (real data: :func:`encoder_features` normalises them)."""
+
+
+PIXEL_ENCODER = ENCODER_OF_MODALITY["image"]
+"""The encoder whose real-data units are raw pixels (:mod:`megatron.mllm.preprocess`)."""
+
+
+def encoder_input_dtype(encoder: str, real_data: bool) -> torch.dtype:
+    """The dtype of ``encoder``'s payload units, which every rank must agree on before an
+    exchange (a rank with no units still sends an empty block of that dtype): uint8 pixel
+    patches for the image encoder of real data (``--data-path``), else float32."""
+    return torch.uint8 if real_data and encoder == PIXEL_ENCODER else torch.float32
+
+
+def encoder_features(rows: Tensor) -> Tensor:
+    """An encoder's input rows as its first layer takes them.
+
+    Float rows are features already. Uint8 rows are pixel patches ``[n, 3 p p]``, channel-major,
+    normalised here by the ImageNet mean and deviation: on the device that runs the encoder,
+    after any exchange, so a patch moves as a byte per channel and every rank computes the same
+    floats from the same bytes.
+    """
+    if rows.dtype != torch.uint8:
+        return rows
+    if rows.shape[-1] % 3:
+        raise ValueError(f"pixel patches must hold 3 channels, got rows of {rows.shape[-1]}")
+    per_channel = rows.shape[-1] // 3
+
+    def channels(values):
+        return torch.tensor(values, dtype=torch.float32, device=rows.device).repeat_interleave(
+            per_channel
+        )
+
+    return (rows.to(torch.float32) / 255.0 - channels(IMAGE_MEAN)) / channels(IMAGE_STD)
 
 
 @dataclass
@@ -367,7 +402,7 @@ def build_microbatch(
                     f"{len(enc_feats[enc])} units / {got} tokens, metadata says "
                     f"{len(enc_units[enc])} / {enc_tokens[enc]}"
                 )
-            feats = torch.from_numpy(np.concatenate(enc_feats[enc])).to(device)
+            feats = encoder_features(torch.from_numpy(np.concatenate(enc_feats[enc])).to(device))
         rows = np.concatenate([r for r, _ in enc_pool[enc]])
         toks = np.concatenate([k for _, k in enc_pool[enc]])
         counts = np.bincount(rows, minlength=enc_rows[enc]).astype(np.float32)

@@ -277,10 +277,10 @@ class BlendedStream:
         d, j = self.source(k)
         self.streams[d].discard(j)
 
-    def encoded_sizes(self, k: int) -> dict[str, list[int]]:
-        """Stream sample ``k``'s encoded item bytes (``EnergonStream.encoded_sizes``)."""
+    def encoded_media(self, k: int) -> dict[str, list[bytes]]:
+        """Stream sample ``k``'s encoded item files (``EnergonStream.encoded_media``)."""
         d, j = self.source(k)
-        return self.streams[d].encoded_sizes(j)
+        return self.streams[d].encoded_media(j)
 
     def payloads(self, wanted, with_features: bool = True) -> list:
         """The payloads of ``(k, meta)`` pairs, decoded by the worker threads when there are."""

@@ -197,14 +197,14 @@ class EnergonStream:
         """Forget the bytes kept for stream sample ``k`` (a sample dropped before its payload)."""
         self._raw.pop(k, None)
 
-    def encoded_sizes(self, k: int) -> dict[str, list[int]]:
-        """Per modality, the encoded bytes of stream sample ``k``'s items in the order of
-        ``SampleMeta.items`` (after :meth:`meta`): what moving the files would move."""
+    def encoded_media(self, k: int) -> dict[str, list[bytes]]:
+        """Per modality, the encoded files of stream sample ``k``'s items in the order of
+        ``SampleMeta.items``: what moving the files instead of the units would move."""
         raw = self._raw.get(k) or self.read(self.dataset_index(k))
-        sizes: dict[str, list[int]] = {}
+        media: dict[str, list[bytes]] = {}
         for modality, data in raw.media:  # document order keeps each modality's own order
-            sizes.setdefault(modality, []).append(len(data))
-        return sizes
+            media.setdefault(modality, []).append(data)
+        return media
 
     def payloads(
         self, wanted: list[tuple[int, SampleMeta]], with_features: bool = True

@@ -26,7 +26,6 @@ from megatron.mllm.preprocess import (
     DecodeError,
     ImageTiling,
     decode_rgb,
-    normalised,
 )
 from orchestration.workload import Item
 
@@ -126,11 +125,11 @@ class DynamicResolution:
         return [self._patches(pixels)]
 
     def _patches(self, pixels: np.ndarray) -> np.ndarray:
-        """``[h, w, 3]`` uint8 pixels to ``[(h/p)(w/p), 3 p p]`` normalised patches: merge blocks
+        """``[h, w, 3]`` uint8 pixels to ``[(h/p)(w/p), 3 p p]`` uint8 patches: merge blocks
         row-major, the 2 x 2 patches of a block consecutive (row-major within it)."""
         p = self.patch_size
         rows, cols = pixels.shape[0] // self.factor, pixels.shape[1] // self.factor
-        x = normalised(pixels)
+        x = pixels
         # (block row, patch row in block, pixel row, block col, patch col, pixel col, channel)
         x = x.reshape(rows, MERGE, p, cols, MERGE, p, 3)
         x = x.transpose(0, 3, 1, 4, 6, 2, 5)

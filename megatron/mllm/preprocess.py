@@ -4,12 +4,18 @@
 Each modality has two halves that must agree exactly: the *metadata* half computes an item's
 encoder units and LLM tokens from what a header says (an image's size, an audio file's frame
 count and sample rate), so the balancer can plan before anything is decoded; the *payload*
-half decodes the bytes and produces one ``[unit_tokens, input_dim]`` float32 array per unit.
+half decodes the bytes and produces one ``[unit_tokens, input_dim]`` array per unit.
+
+An image unit is its patches' raw ``uint8`` pixels, not yet normalised: post-balancing moves
+units between ranks, and a byte per channel is a quarter of float32 and less than the encoded
+file (``tools/bench/payload_bytes.py``). The vision encoder's input is normalised on the device
+where it runs (:func:`megatron.mllm.batch.encoder_features`), the same on every rank. Audio
+units are float32 log-mels.
 
 - Images (InternVL style): the image is resized to the grid of ``--image-tile-size`` tiles
   (at most ``--image-max-tiles``) whose aspect ratio is closest to its own, cut into tiles, and
   a thumbnail of the whole image is added when there is more than one tile. Every tile is one
-  encoder unit of ``(tile / patch)^2`` patches, each ``3 x p x p`` normalised pixels.
+  encoder unit of ``(tile / patch)^2`` patches, each ``3 x p x p`` pixels, channel-major.
 - Audio (Whisper style): decoded with soundfile, mixed to mono, resampled to 16 kHz, log-mel
   features of ``--audio-feature-dim`` bins every 10 ms, cut into 30 s windows (one unit each;
   the last window is not padded).
@@ -43,10 +49,10 @@ HOP_LENGTH = 160
 FFT_SIZE = 400
 """Samples per analysis window (25 ms at 16 kHz)."""
 
-IMAGE_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+IMAGE_MEAN = (0.485, 0.456, 0.406)
 """Per-channel mean the pixels are normalised by (the ImageNet statistics)."""
 
-IMAGE_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+IMAGE_STD = (0.229, 0.224, 0.225)
 """Per-channel standard deviation the pixels are normalised by."""
 
 
@@ -111,7 +117,7 @@ class ImageTiling:
         return Item(units, _llm_tokens(sum(units), VISION_TOKENS_PER_LLM_TOKEN))
 
     def features(self, data: bytes) -> list[np.ndarray]:
-        """Decode an encoded image and return each unit's ``[tile_tokens, 3 p p]`` patches.
+        """Decode an encoded image and return each unit's ``[tile_tokens, 3 p p]`` uint8 patches.
 
         Raises:
             DecodeError: the bytes are not an image Pillow can decode.
@@ -132,9 +138,9 @@ class ImageTiling:
         return [self._patches(tile) for tile in tiles]
 
     def _patches(self, tile: np.ndarray) -> np.ndarray:
-        """``[t, t, 3]`` uint8 pixels to ``[(t/p)^2, 3 p p]`` normalised patches, row-major."""
+        """``[t, t, 3]`` uint8 pixels to ``[(t/p)^2, 3 p p]`` uint8 patches, row-major."""
         p, n = self.patch_size, self.tile_size // self.patch_size
-        x = normalised(tile).reshape(n, p, n, p, 3).transpose(0, 2, 4, 1, 3)
+        x = tile.reshape(n, p, n, p, 3).transpose(0, 2, 4, 1, 3)
         return np.ascontiguousarray(x.reshape(n * n, 3 * p * p))
 
 
@@ -151,11 +157,6 @@ def decode_rgb(data: bytes):
             return img.convert("RGB")
     except Exception as e:  # Pillow raises many types for bad data
         raise DecodeError(f"cannot decode the image: {e}") from e
-
-
-def normalised(pixels: np.ndarray) -> np.ndarray:
-    """``uint8`` RGB pixels as float32, normalised by the ImageNet mean and deviation."""
-    return (pixels.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
 
 
 def image_size(data: bytes) -> tuple[int, int]:

@@ -7,10 +7,12 @@ import io
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from megatron.mllm.batch import encoder_features
 from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
 from megatron.mllm.preprocess import IMAGE_MEAN, IMAGE_STD, DecodeError, ImageTiling, image_size
 
@@ -70,7 +72,7 @@ def test_header_metadata_equals_the_decoded_units(width, height, seed):
     item = prep.item(*image_size(data))
     (unit,) = prep.features(data)
     assert (unit.shape[0],) == item.units and unit.shape[1] == 3 * 4 * 4
-    assert unit.dtype == np.float32 and np.isfinite(unit).all()
+    assert unit.dtype == np.uint8  # raw pixels: normalised where the encoder runs
     assert 16 * 16 <= item.units[0] * 4 * 4 <= 64 * 64  # the resized area, within the bounds
     assert item.llm_tokens * 4 == item.units[0]
 
@@ -82,7 +84,7 @@ def test_patches_of_a_merge_block_are_consecutive():
     pixels = np.random.default_rng(0).integers(0, 256, (8, 16, 3), dtype=np.uint8)
     assert prep.resized(16, 8) == (16, 8)
     (unit,) = prep.features(_png(pixels))
-    x = (pixels.astype(np.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
+    x = pixels
     expected = []
     for block_row in range(2):
         for block_col in range(4):
@@ -91,4 +93,21 @@ def test_patches_of_a_merge_block_are_consecutive():
                     y0, x0 = 4 * block_row + 2 * r, 4 * block_col + 2 * c
                     patch = x[y0 : y0 + 2, x0 : x0 + 2]  # [p, p, 3]
                     expected.append(patch.transpose(2, 0, 1).ravel())
-    np.testing.assert_allclose(unit, np.stack(expected), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(unit, np.stack(expected))
+
+
+def test_pixel_patches_are_normalised_per_channel_where_the_encoder_runs():
+    # The loader's patches are uint8; the encoder's input is (x / 255 - mean) / std of each
+    # patch element's channel (channel-major: 3 blocks of p * p), computed exactly as float32.
+    p = 3
+    rows = np.random.default_rng(1).integers(0, 256, (5, 3 * p * p), dtype=np.uint8)
+    got = encoder_features(torch.from_numpy(rows)).numpy()
+    channel = np.arange(3 * p * p) // (p * p)
+    mean = np.asarray(IMAGE_MEAN, np.float32)[channel]
+    std = np.asarray(IMAGE_STD, np.float32)[channel]
+    np.testing.assert_array_equal(got, (rows.astype(np.float32) / np.float32(255) - mean) / std)
+    assert got.dtype == np.float32
+    feats = torch.randn(4, 6)
+    assert encoder_features(feats) is feats  # features already: unchanged
+    with pytest.raises(ValueError, match="3 channels"):
+        encoder_features(torch.zeros(2, 4, dtype=torch.uint8))

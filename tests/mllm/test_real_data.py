@@ -71,7 +71,8 @@ def test_metadata_from_headers_is_the_preprocessed_payload(dataset):
         # Units and their tokens, exactly as the header said; features of the encoder's width.
         assert [u.shape[0] for u in units] == list(item.units), raw.name
         width = 3 * PATCH * PATCH if encoder == "vision" else MELS
-        assert all(u.shape[1] == width and u.dtype == np.float32 for u in units)
+        dtype = np.uint8 if encoder == "vision" else np.float32  # pixels move as bytes
+        assert all(u.shape[1] == width and u.dtype == dtype for u in units)
         assert all(np.isfinite(u).all() for u in units)
         # Text where the packer reads text, in order; placeholders at the item.
         spans, runs = sample_layout(meta)

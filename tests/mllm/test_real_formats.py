@@ -403,16 +403,16 @@ def test_data_path_blends_and_metadataset_yaml(documents, tmp_path, capsys):
     assert BlendedStream(streams, (2.0, 1.0), seed=3).identity() == ident
     assert BlendedStream(streams, (1.0, 1.0), seed=3).identity()[2] != ident[2]
     assert BlendedStream(streams[::-1], (1.0, 2.0), seed=3).identity()[2] != ident[2]
-    # The files' sizes per item, and a dropped sample's bytes forgotten, through the blend.
+    # The files of each item, and a dropped sample's bytes forgotten, through the blend.
     blend = BlendedStream(streams, (2.0, 1.0), seed=3)
     for k in range(6):
         meta, (d, j) = blend.meta(k), blend.source(k)
         raw = streams[d]._raw[j]
-        sizes = blend.encoded_sizes(k)
-        assert {m: len(v) for m, v in sizes.items()} == {
+        media = blend.encoded_media(k)
+        assert {m: len(v) for m, v in media.items()} == {
             m: len(meta.items(m)) for m in ("image", "audio") if meta.items(m)
         }
-        assert sorted(x for v in sizes.values() for x in v) == sorted(len(b) for _, b in raw.media)
+        assert sorted(x for v in media.values() for x in v) == sorted(b for _, b in raw.media)
         blend.discard(k)
         assert j not in streams[d]._raw
     # Scanning the YAML reads both datasets, ids naming each.

@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""Which payload should post-balancing move: the decoded encoder inputs, or the encoded media?
+"""Which payload should post-balancing move: decoded encoder inputs, or the encoded media?
 
 On the demo blend (``make demo-data``: ``demo-data/blend.yaml``) with the README's demo flags at
 DP=2, every iteration's samples are read as the trainer reads them (metadata from headers), planned as
 ``--post-balance auto`` plans them with its starting cost model (FLOPs: every phase balanced,
 no exchange check, so this counts the most moves), and the bytes of each encoder phase's input
-dispatch are counted two ways:
+dispatch are counted three ways:
 
-- **decoded** (what the trainer moves today): every moved unit's rows, ``input_dim x 4`` bytes
-  per encoder token (fp32 patches or log-mel frames);
+- **fp32**: every moved unit's rows as float32 features, ``input_dim x 4`` bytes per encoder
+  token (what the trainer moved until images' units became pixels);
+- **moved** (what the trainer moves): an image unit's raw uint8 pixels (``input_dim`` bytes
+  per patch, normalised where the encoder runs), audio's float32 log-mels;
 - **encoded**: the image or audio file's bytes, once per (item, destination rank) that receives
-  any of its units (a destination decodes the whole file, then keeps its units); the decodes
-  a split item then costs twice are counted too.
+  any of its units (a destination decodes the whole file, then keeps its units).
 
-The LLM phase's token ids, the encoder outputs and their gradients are the same either way and
-are left out. Bytes do not depend on the host: one pass, no timing. Ends with one line
-``encoded_over_decoded_bytes: X`` (below 1: encoded moves less).
+A file moved costs a decode where it lands, on the step's critical path, while the loader
+decodes its own samples before the step. So each file sent is decoded here and timed (the
+fastest of 3), and the bench prints the link bandwidth below which sending files would cost
+less time than sending the units: ``(moved - encoded) bytes / decode seconds``. The LLM
+phase's token ids, the encoder outputs and their gradients are the same either way and are
+left out. Ends with one line ``encoded_pays_below_mb_per_s: X`` (a link slower than X MB/s
+would favour moving files; gloo on one host moves GB/s).
 
 Usage: python tools/bench/payload_bytes.py [--data-path DIR] [--iters N] [-- trainer flags]
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 from cpu_runs import add_demo_data_argument, demo_data_flags
@@ -40,14 +46,33 @@ from orchestration.workload import ENCODER_OF_MODALITY, MODALITIES
 DP = 2
 
 
-def iteration_bytes(stream, plan_inputs, cost_model, iteration, mbs, num_mb):
-    """Per encoder phase: (decoded bytes, encoded bytes, units moved, extra decodes)."""
-    rank_samples, encoded = [], []
+COLUMNS = ("fp32", "moved", "encoded", "units", "files", "decode_s", "extra")
+"""Per encoder phase and iteration: bytes three ways, units moved, files a destination would
+decode, their measured decode seconds, and decodes a split item costs on top."""
+
+
+def decode_seconds(prep, data: bytes, cache: dict) -> float:
+    """The fastest of 3 decodes of one file into its units (cached per file)."""
+    key = (id(prep), data)
+    if key not in cache:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            prep.features(data)
+            times.append(time.perf_counter() - start)
+        cache[key] = min(times)
+    return cache[key]
+
+
+def iteration_bytes(stream, preps, moved_bytes, fp32_bytes, cost_model, iteration, mbs, num_mb,
+                    cache):  # fmt: skip
+    """Per encoder phase: the :data:`COLUMNS` of one iteration."""
+    rank_samples, media = [], []
     for rank in range(DP):
         pairs = []
         for k in (k for mb in microbatch_indices(iteration, rank, DP, mbs, num_mb) for k in mb):
             pairs.append((k, stream.meta(k)))
-            encoded.append(stream.encoded_sizes(k))  # canonical order: rank by rank
+            media.append(stream.encoded_media(k))  # canonical order: rank by rank
             stream.discard(k)
         rank_samples.append(pairs)
     md = GatheredMetadata.from_rank_samples(rank_samples)
@@ -72,14 +97,18 @@ def iteration_bytes(stream, plan_inputs, cost_model, iteration, mbs, num_mb):
             return (s, *item_of[s, int(items.unit_in_sample[unit])])
 
         moved = np.flatnonzero(route.src != route.dst)
-        decoded = int(route.rows[moved].sum()) * plan_inputs[phase.phase]
+        rows = int(route.rows[moved].sum())
         # A whole file travels to each destination that computes any of its units.
         sent = {(item(u), int(route.dst[u])) for u in moved}
-        size = sum(encoded[s][m][i] for (s, m, i), _ in sent)
+        size = sum(len(media[s][m][i]) for (s, m, i), _ in sent)
+        seconds = sum(decode_seconds(preps[m], media[s][m][i], cache) for (s, m, i), _ in sent)
         # An item decoded both at home (some units kept) and at a destination: one more decode.
         kept = {item(u) for u in np.flatnonzero(route.src == route.dst)}
         extra = sum(1 for it, _ in sent if it in kept)
-        out[phase.phase] = (decoded, size, int(moved.size), extra)
+        out[phase.phase] = (
+            rows * fp32_bytes[phase.phase], rows * moved_bytes[phase.phase], size,
+            int(moved.size), len(sent), seconds, extra,
+        )  # fmt: skip
     return out
 
 
@@ -97,36 +126,52 @@ def main(argv=None) -> int:
 
     run = loaded.run
     stream = stream_from_run(run)
+    one = getattr(stream, "streams", [stream])[0]  # every dataset of a blend preprocesses alike
+    preps = {"image": one.tiling, "audio": one.audio}
     cost_model = CostModel.build(loaded.shape)
-    inputs = payload_bytes(loaded.model).inputs
+    moved_bytes = payload_bytes(loaded.model, real_data=True).inputs
+    fp32_bytes = {e: 4.0 * enc.input_dim for e, enc in loaded.model.encoders.items()}
     mbs = run.micro_batch_size
     num_mb = run.global_batch_size // (mbs * DP)
     totals: dict[str, np.ndarray] = {}
+    cache: dict = {}
     print(
         f"DP={DP}, {args.iters} iterations of {run.global_batch_size} samples from {run.data.data_path}"
     )
-    print(f"{'iter':>4} {'phase':>6} {'units moved':>11} {'decoded KB':>11} {'encoded KB':>11} "
-          f"{'ratio':>6} {'extra decodes':>13}")  # fmt: skip
+    print(f"{'iter':>4} {'phase':>6} {'units':>5} {'fp32 KB':>8} {'moved KB':>8} "
+          f"{'encoded KB':>10} {'files':>5} {'decode ms':>9} {'extra':>5}")  # fmt: skip
     for it in range(args.iters):
-        for phase, row in iteration_bytes(stream, inputs, cost_model, it, mbs, num_mb).items():
-            decoded, encoded, units, extra = row
-            totals[phase] = totals.get(phase, np.zeros(4)) + np.array(row, dtype=float)
-            ratio = f"{encoded / decoded:6.3f}" if decoded else "     -"
-            print(f"{it:>4} {phase:>6} {units:>11} {decoded / 1e3:>11.1f} {encoded / 1e3:>11.1f} "
-                  f"{ratio} {extra:>13}")  # fmt: skip
-    decoded = sum(t[0] for t in totals.values())
-    encoded = sum(t[1] for t in totals.values())
-    print("per iteration, mean:")
-    for phase, t in totals.items():
-        n = args.iters
-        print(f"  {phase}: {t[2] / n:.1f} units moved, decoded {t[0] / n / 1e3:.1f} KB, "
-              f"encoded {t[1] / n / 1e3:.1f} KB, {t[3] / n:.2f} extra decodes")  # fmt: skip
+        got = iteration_bytes(
+            stream, preps, moved_bytes, fp32_bytes, cost_model, it, mbs, num_mb, cache
+        )
+        for phase, row in got.items():
+            fp32, moved, encoded, units, files, seconds, extra = row
+            totals[phase] = totals.get(phase, np.zeros(len(COLUMNS))) + np.array(row, float)
+            print(f"{it:>4} {phase:>6} {units:>5} {fp32 / 1e3:>8.1f} {moved / 1e3:>8.1f} "
+                  f"{encoded / 1e3:>10.1f} {files:>5} {seconds * 1e3:>9.2f} {extra:>5}")  # fmt: skip
     if scratch is not None:
         scratch.cleanup()
-    if not decoded:
+    n = args.iters
+    print("per iteration, mean:")
+    for phase, t in totals.items():
+        c = dict(zip(COLUMNS, t / n))
+        print(f"  {phase}: {c['units']:.1f} units moved; fp32 {c['fp32'] / 1e3:.1f} KB, moved "
+              f"{c['moved'] / 1e3:.1f} KB, encoded {c['encoded'] / 1e3:.1f} KB in "
+              f"{c['files']:.1f} files ({c['decode_s'] * 1e3:.2f} ms to decode them where they "
+              f"land, {c['extra']:.2f} extra decodes)")  # fmt: skip
+    c = dict(zip(COLUMNS, sum(totals.values()) if totals else np.zeros(len(COLUMNS))))
+    if not c["moved"]:
         print("error: nothing moved: no ratio", file=sys.stderr)
         return 2
-    print(f"encoded_over_decoded_bytes: {encoded / decoded:.4f}")
+    print(f"moved_over_fp32_bytes {c['moved'] / c['fp32']:.4f}, encoded_over_moved_bytes "
+          f"{c['encoded'] / c['moved']:.4f}")  # fmt: skip
+    # Files pay when the bytes they save take longer on the link than decoding them takes.
+    saved = sum(t[1] - t[2] for t in totals.values() if t[1] > t[2])
+    seconds = sum(t[5] for t in totals.values() if t[1] > t[2])
+    if saved <= 0:
+        print("encoded_pays_below_mb_per_s: 0 (the units moved are never larger than the files)")
+        return 0
+    print(f"encoded_pays_below_mb_per_s: {saved / seconds / 1e6:.1f}")
     return 0
 
 

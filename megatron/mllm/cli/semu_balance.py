@@ -114,7 +114,7 @@ def setup_of(loaded) -> PostBalanceSetup:
     return PostBalanceSetup(
         algorithm=BALANCE_ALGORITHMS[b.post_balance],
         packing_limit=loaded.run.packing_limit,
-        payload=payload_bytes(loaded.model),
+        payload=payload_bytes(loaded.model, loaded.run.data is not None),
         phases=tuple(b.balance_phases),
         caps=b.token_caps,
         gpus_per_node=group_ranks_per_node(dp_ranks, b.gpus_per_node) or 1,

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.mllm.arguments import ConfigError
+from megatron.mllm.batch import encoder_input_dtype
 from megatron.mllm.data import LoadedMicrobatch
 from megatron.mllm.steps.cost_feedback import CostFeedback
 from megatron.mllm.steps.plan_ahead import PlanAhead, check_control_digests, digest_words
@@ -248,6 +249,10 @@ class BalancedStep(TrainingStep):
         self.dispatcher = dispatcher
         self.cost_model = cost_model
         self.device = device
+        self.input_dtypes = {
+            enc: encoder_input_dtype(enc, run.data is not None) for enc in mllm.encoders
+        }
+        """Per encoder, the dtype its inputs travel in (every rank's must agree)."""
         self.ahead = PlanAhead(run.balance.plan_ahead, run.distributed_timeout.total_seconds())
         # The digest rides on the DP group's metadata gather only when that group is the
         # whole world: with several DP groups (PP or TP > 1) all of them must agree, which

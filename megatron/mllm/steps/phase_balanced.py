@@ -36,7 +36,14 @@ import torch.distributed as dist
 
 from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
-from megatron.mllm.batch import ChatTurns, SamplePayload, build_microbatch, thd_params
+from megatron.mllm.batch import (
+    ChatTurns,
+    SamplePayload,
+    build_microbatch,
+    encoder_features,
+    encoder_input_dtype,
+    thd_params,
+)
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
 from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
@@ -59,11 +66,15 @@ FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=200)
 (LPT, Karmarkar-Karp and the refinement are unchanged)."""
 
 
-def payload_bytes(mllm: MLLMConfig) -> PayloadBytes:
-    """Bytes per row of the step's routes: fp32 encoder inputs and int64 token ids as the loader
-    makes them, encoder outputs in the parameters' dtype."""
+def payload_bytes(mllm: MLLMConfig, real_data: bool) -> PayloadBytes:
+    """Bytes per row of the step's routes: encoder inputs as the loader makes them (float32
+    features; uint8 pixels for real images, ``real_data``: ``--data-path``), int64 token ids,
+    encoder outputs in the parameters' dtype."""
     element = torch.empty(0, dtype=mllm.language.params_dtype).element_size()
-    inputs = {name: float(enc.input_dim * 4) for name, enc in mllm.encoders.items()}
+    inputs = {
+        name: float(enc.input_dim * encoder_input_dtype(name, real_data).itemsize)
+        for name, enc in mllm.encoders.items()
+    }
     inputs["llm"] = 8.0
     outputs = {name: float(enc.hidden_size * element) for name, enc in mllm.encoders.items()}
     return PayloadBytes(inputs=inputs, outputs=outputs)
@@ -90,7 +101,11 @@ class PhaseBalancedStep(BalancedStep):
         if b.cost_fit and dispatcher.world == dist.get_world_size():
             self.feedback = CostFeedback(
                 cost_model,
-                ExchangeCost(EXCHANGE_LATENCY_S, EXCHANGE_SECONDS_PER_BYTE, payload_bytes(mllm)),
+                ExchangeCost(
+                    EXCHANGE_LATENCY_S,
+                    EXCHANGE_SECONDS_PER_BYTE,
+                    payload_bytes(mllm, run.data is not None),
+                ),
                 FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
             )
 
@@ -220,7 +235,7 @@ class PhaseBalancedStep(BalancedStep):
             feats = (
                 torch.from_numpy(np.concatenate(units)).to(device)
                 if units
-                else torch.zeros(0, dim, device=device)
+                else torch.zeros(0, dim, dtype=self.input_dtypes[enc], device=device)
             )
             sizes = phase.items.tokens[phase.dispatch.src_items(me)]
             parts.append(
@@ -258,7 +273,7 @@ class PhaseBalancedStep(BalancedStep):
             phase = plan.phase(enc)
             lens = [int(n) for n in phase.items.tokens[phase.dispatch.dst_items(me)]]
             if lens:
-                got = inputs[enc]
+                got = encoder_features(inputs[enc])  # pixels are normalised after they moved
                 positions = torch.cat([torch.arange(n, device=device) for n in lens])
                 start = self.clock.now()
                 with self.timers.span("encoder-forward", detail=enc):

@@ -85,7 +85,9 @@ class SampleBalancedStep(BalancedStep):
             rows = sample_encoder_tokens(metadata, enc)
             units = [u for s in local for u in s.payload.units.get(enc, [])]
             sent = (
-                torch.from_numpy(np.concatenate(units)) if units else torch.zeros(0, spec.input_dim)
+                torch.from_numpy(np.concatenate(units))
+                if units
+                else torch.zeros(0, spec.input_dim, dtype=self.input_dtypes[enc])
             )
             by_rows = route.with_rows(rows)
             parts.append((disp.send_rows(by_rows, sent, rows[route.src_items(me)]),
