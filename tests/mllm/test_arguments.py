@@ -103,7 +103,7 @@ BAD_INPUT = [
     (["--fp16", "--bf16"], 2,
      r"Megatron's argument validation failed: assert not args\.bf16 \(arguments\.py:\d+\)"),
     (["--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "3"], 2,
-     r"--gpus-per-node 3 does not divide the data-parallel size 2"),
+     r"--gpus-per-node 3 does not divide the world size 2"),
     (["--post-balance", "auto", "--post-balance-token-caps", "video=10"], 2,
      r"--post-balance-token-caps: expected PHASE=TOKENS"),
     (["--post-balance", "auto", "--post-balance-token-caps", "llm=10", "llm=20"], 2,
@@ -222,6 +222,18 @@ def test_bad_input_stops_the_trainer_with_one_error_line_naming_it(
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, errors
     assert re.search(culprit, errors[0]), errors[0]
+
+
+def test_node_wise_exchange_counts_data_parallel_ranks_per_node_as_the_dispatcher():
+    # TP=8 on 8-GPU nodes: one DP rank per node, which the Dispatcher routes node-wise (the
+    # DP size 4 is not a multiple of the 8 GPUs of a node, and need not be).
+    flags = [*BASE, "--post-balance", "auto", "--node-wise-a2a", "--gpus-per-node", "8"]
+    args = parse_arguments([*flags, "--tensor-model-parallel-size", "8"], 32)
+    assert args.data_parallel_size == 4 and args.node_wise_a2a
+    assert parse_arguments([*flags, "--tensor-model-parallel-size", "2"], 16).node_wise_a2a
+    # TP=3 on 8-GPU nodes: DP ranks 0, 3, 6 | 9 | 12, 15 fill the nodes unevenly.
+    with pytest.raises(ConfigError, match=r"do not fill nodes of --gpus-per-node 8"):
+        parse_arguments([*flags, "--tensor-model-parallel-size", "3"], 24)
 
 
 def test_the_distributed_timeout_takes_fractions_of_a_minute_and_must_be_positive():
