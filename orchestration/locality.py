@@ -84,6 +84,29 @@ def group_ranks_per_node(group_ranks, gpus_per_node: int) -> int | None:
     return sizes.pop()
 
 
+def node_wise_layout_problem(world: int, tensor: int, pipeline: int, gpus_per_node: int):
+    """Why the node-wise exchange cannot route this layout, or None when it can.
+
+    It needs whole nodes, and DP groups whose ranks fill them in equal runs, counted as the
+    Dispatcher counts them (:func:`group_ranks_per_node`). Megatron's tp-cp-dp-pp order puts DP
+    rank ``d`` of (TP rank 0, stage 0) at global rank ``tensor * d``; every other DP group is
+    that one shifted, so checking it checks all.
+    """
+    g = gpus_per_node
+    if world % g:
+        return (
+            f"--gpus-per-node {g} does not divide the world size {world} (the exchange routes "
+            "between whole nodes)"
+        )
+    dp = world // (tensor * pipeline)
+    if group_ranks_per_node([tensor * d for d in range(dp)], g) is None:
+        return (
+            f"with --tensor-model-parallel-size {tensor} the {dp} data-parallel ranks of a group "
+            f"do not fill nodes of --gpus-per-node {g} in equal runs"
+        )
+    return None
+
+
 def map_bins_to_ranks(
     bins: np.ndarray,
     owners: np.ndarray,

@@ -30,6 +30,7 @@ from megatron.mllm.run_config import (
     WorkloadConfig,
 )
 from orchestration.calibration import Calibration
+from orchestration.locality import node_wise_layout_problem
 from orchestration.workload import PHASES
 
 logger = logging.getLogger(__name__)
@@ -339,32 +340,12 @@ def finish_arguments(args: argparse.Namespace) -> None:
             f"{args.cost_fit_window} (the fit starts once its window holds the warm-up's samples)"
         )
     if args.post_balance != "none" and args.node_wise_a2a:
-        _check_node_wise(args)
-
-
-def _check_node_wise(args) -> None:
-    """``--node-wise-a2a`` needs whole nodes, and DP groups that fill them alike.
-
-    The node-wise exchange groups a DP group's ranks by node as the Dispatcher counts them
-    (``orchestration.locality.group_ranks_per_node``): ``--gpus-per-node`` counts global ranks,
-    and with TP or PP a node holds fewer DP ranks (TP=8 on 8-GPU nodes: one). Megatron's
-    tp-cp-dp-pp order puts DP rank ``d`` of (TP rank 0, stage 0) at global rank ``tp * d``;
-    every other DP group is that one shifted, so checking it checks all.
-    """
-    from orchestration.locality import group_ranks_per_node
-
-    g, tp = args.gpus_per_node, args.tensor_model_parallel_size
-    if args.world_size % g:
-        raise ConfigError(
-            f"--node-wise-a2a: --gpus-per-node {g} does not divide the world size "
-            f"{args.world_size} (the exchange routes between whole nodes)"
-        )
-    dp = args.world_size // (tp * args.pipeline_model_parallel_size)
-    if group_ranks_per_node([tp * d for d in range(dp)], g) is None:
-        raise ConfigError(
-            f"--node-wise-a2a: with --tensor-model-parallel-size {tp} the {dp} data-parallel "
-            f"ranks of a group do not fill nodes of --gpus-per-node {g} in equal runs"
-        )
+        problem = node_wise_layout_problem(
+            args.world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+            args.gpus_per_node,
+        )  # fmt: skip
+        if problem:
+            raise ConfigError(f"--node-wise-a2a: {problem}")
 
 
 RECOMPUTE_MODULES_SUPPORTED = ("core_attn",)
