@@ -215,6 +215,11 @@ def _read_metadataset(path: str, within: tuple[str, ...], top: str, part: str):
         entries = split[mode]
         if not isinstance(entries, list) or not entries:
             raise ConfigError(f"{where}: 'splits.{part}.{mode}' must be a non-empty list")
+        if set(split) != {mode}:  # (Energon's subset, say: not read, so not silently ignored)
+            raise ConfigError(
+                f"{where}: splits.{part}: unknown keys {sorted(set(split) - {mode})} beside "
+                f"'{mode}'"
+            )
     else:
         entries = [split]
     amount = "repetitions" if mode == EPOCHIZED else "weight"

@@ -270,6 +270,8 @@ def test_blend_epochized_yaml_streams_and_errors(data, capsys):
             "blend_epochized[0]: unknown keys ['weight'] (known: path, repetitions, split_part, "
             "subflavors)",
         "    blend_epochized: []\n": "'splits.train.blend_epochized' must be a non-empty list",
+        "    subset: {range: [0, 4]}\n    blend_epochized:\n      - {path: small}\n":
+            "splits.train: unknown keys ['subset'] beside 'blend_epochized'",
         "    blend:\n      - {path: small}\n    blend_epochized:\n      - {path: parts}\n":
             "splits.train has both 'blend' and 'blend_epochized'",
         "    blend_epochized:\n      - {path: weighted.yaml}\n":
