@@ -14,15 +14,25 @@ YAML (Energon's v2 format), read here by a small parser of our own::
             path: captions        # relative to the YAML's directory
           - weight: 1
             path: documents
+            split_part: val       # this dataset's `val` part (default: the split read, train)
 
 (``train`` may also be a single ``path:``; an entry's ``subflavors`` are accepted and unused.)
-An entry's ``path`` may be another metadataset YAML: it is drawn with the entry's weight, which
-its own datasets share in proportion to their weights, as Energon blends a nested blend.
+An entry's ``split_part`` names a part of the dataset's ``.nv-meta/split.yaml`` to train on;
+as in Energon, on an entry naming another YAML it picks that YAML's split, which its own
+entries inherit. An entry's ``path`` may be another metadataset YAML: it is drawn with the
+entry's weight, which its own datasets share in proportion to their weights, as Energon blends
+a nested blend.
 
 Stream index ``k`` comes from dataset ``d(k)``, drawn by weight from a hash of ``(seed, k)``
 alone (:func:`blend_choices`), and is that dataset's own stream index ``j``: how many indices
 before ``k`` drew ``d``. So the order depends on neither the parallel layout nor where a run
 resumed, as for one dataset.
+
+``blend_epochized:`` instead of ``blend:`` lists entries with ``repetitions`` (default 1, any
+number > 0) in place of ``weight``: each epoch holds every sample of each dataset that many
+times, a fractional part taking that fraction of its samples, in a shuffled order
+(:class:`megatron.mllm.data_epochized.EpochizedStream`). A nested YAML's repetitions multiply
+its entry's; a ``blend`` and a ``blend_epochized`` do not mix, in one split or nested.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -45,6 +55,42 @@ BLOCK = 1 << 14
 """Stream indices whose draws are counted at once (the per-dataset positions' granularity)."""
 
 _MASK = (1 << 64) - 1
+
+EPOCHIZED = "blend_epochized"
+"""The metadataset key of a blend by repetitions (Energon's ``MetadatasetBlendEpochized``)."""
+
+
+class BlendEntry(NamedTuple):
+    """One dataset of a ``--data-path`` mixture."""
+
+    weight: float
+    """Its weight in a blend; its repetitions per epoch in a ``blend_epochized``."""
+
+    path: str
+    """The dataset directory."""
+
+    label: str
+    """Names it in sample ids: its path as written, or relative to the outermost YAML."""
+
+    split_part: str = "train"
+    """The part of the dataset's ``.nv-meta/split.yaml`` it reads."""
+
+
+@dataclass(frozen=True)
+class DataBlend:
+    """The datasets ``--data-path`` names and how they mix; iterates its entries."""
+
+    entries: tuple[BlendEntry, ...]
+    """Each dataset, in the order written (nested YAMLs in place)."""
+
+    epochized: bool = False
+    """A ``blend_epochized`` (entries' weights are repetitions), else drawn by weight."""
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -73,9 +119,8 @@ def blend_choices(seed: int, weights: Sequence[float], indices: np.ndarray) -> n
                       len(bounds) - 1)  # fmt: skip
 
 
-def blend_of(entries: Sequence[str]) -> list[tuple[float, str, str]]:
-    """``(weight, dataset directory, label)`` of each dataset ``--data-path`` names; the label
-    names it in sample ids (the path as written).
+def blend_of(entries: Sequence[str]) -> DataBlend:
+    """The datasets ``--data-path`` names (:class:`BlendEntry` each) and how they mix.
 
     Raises:
         ConfigError: naming the flag or the YAML file, for a malformed blend.
@@ -103,22 +148,44 @@ def blend_of(entries: Sequence[str]) -> list[tuple[float, str, str]]:
     for w, path in pairs:
         if not (w > 0 and math.isfinite(w)):
             raise ConfigError(f"--data-path: the weight of {path} must be > 0, got {w:g}")
-    return _checked([(w, p, p) for w, p in pairs], "--data-path")
+    return DataBlend(_checked([BlendEntry(w, p, p) for w, p in pairs], "--data-path"))
 
 
-def read_metadataset(path: str) -> list[tuple[float, str, str]]:
+def read_metadataset(path: str) -> DataBlend:
     """The blend of an Energon v2 metadataset YAML's ``train`` split (see the module).
 
     Raises:
         ConfigError: naming the file, when it is missing, not YAML, or not such a blend.
     """
-    return _checked(_read_metadataset(path, (), os.path.dirname(os.path.abspath(path))),
-                    f"--data-path {path}")  # fmt: skip
+    top = os.path.dirname(os.path.abspath(path))
+    mode, entries = _read_metadataset(path, (), top, "train")
+    return DataBlend(_checked(entries, f"--data-path {path}"), epochized=mode == EPOCHIZED)
 
 
-def _read_metadataset(path: str, within: tuple[str, ...], top: str):
-    """:func:`read_metadataset` of ``path``, nested in the YAMLs ``within`` (outermost first);
-    labels are dataset paths relative to ``top``, the outermost YAML's directory."""
+def split_parts(path: str) -> list[str] | None:
+    """The split parts the Energon dataset at ``path`` defines (``.nv-meta/split.yaml``, or
+    ``split.json`` as Energon falls back to), in their order; None when it has neither, or it
+    cannot be read (opening the dataset then says why)."""
+    import yaml
+
+    for name in ("split.yaml", "split.json"):
+        file = os.path.join(path, ".nv-meta", name)
+        if os.path.isfile(file):
+            try:
+                with open(file, encoding="utf-8") as f:
+                    doc = yaml.safe_load(f)  # JSON is YAML
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                return None
+            parts = doc.get("split_parts") if isinstance(doc, dict) else None
+            return [str(p) for p in parts] if isinstance(parts, dict) else None
+    return None
+
+
+def _read_metadataset(path: str, within: tuple[str, ...], top: str, part: str):
+    """``(mode, entries)`` of split ``part`` of ``path``, nested in the YAMLs ``within``
+    (outermost first): the mode is ``"blend"``, :data:`EPOCHIZED`, or None for a single
+    ``path:`` of a dataset; labels are dataset paths relative to ``top``, the outermost YAML's
+    directory."""
     import yaml
 
     where = "--data-path " + " -> ".join((*within, path))
@@ -134,58 +201,97 @@ def _read_metadataset(path: str, within: tuple[str, ...], top: str):
         raise ConfigError(
             f"{where}: not an Energon metadataset (needs __class__: MetadatasetV2, got {got!r})"
         )
-    split = (doc.get("splits") or {}).get("train") if isinstance(doc.get("splits"), dict) else None
+    split = (doc.get("splits") or {}).get(part) if isinstance(doc.get("splits"), dict) else None
     if not isinstance(split, dict):
-        raise ConfigError(f"{where}: no 'splits: train:' entry")
-    if "blend" in split:
-        entries = split["blend"]
+        raise ConfigError(f"{where}: no 'splits: {part}:' entry")
+    modes = [m for m in ("blend", EPOCHIZED) if m in split]
+    if len(modes) > 1:
+        raise ConfigError(
+            f"{where}: splits.{part} has both 'blend' and '{EPOCHIZED}' (Energon blends a split "
+            "by weights or by repetitions, not both)"
+        )
+    mode = modes[0] if modes else None
+    if mode:
+        entries = split[mode]
         if not isinstance(entries, list) or not entries:
-            raise ConfigError(f"{where}: 'splits.train.blend' must be a non-empty list")
+            raise ConfigError(f"{where}: 'splits.{part}.{mode}' must be a non-empty list")
+        if set(split) != {mode}:  # (Energon's subset, say: not read, so not silently ignored)
+            raise ConfigError(
+                f"{where}: splits.{part}: unknown keys {sorted(set(split) - {mode})} beside "
+                f"'{mode}'"
+            )
     else:
         entries = [split]
+    amount = "repetitions" if mode == EPOCHIZED else "weight"
+    known = ("path", amount, "split_part", "subflavors")
     base = os.path.dirname(os.path.abspath(path))
-    out = []
+    out, result = [], mode
     for n, entry in enumerate(entries):
-        at = f"{where}: splits.train.blend[{n}]" if "blend" in split else f"{where}: splits.train"
+        at = f"{where}: splits.{part}.{mode}[{n}]" if mode else f"{where}: splits.{part}"
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             raise ConfigError(f"{at} needs a 'path' (a string)")
-        unknown = sorted(set(entry) - {"path", "weight", "subflavors"})
+        unknown = sorted(set(entry) - set(known))
         if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown} (known: path, weight, subflavors)")
-        weight = entry.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
-            weight > 0 and math.isfinite(weight)
+            raise ConfigError(f"{at}: unknown keys {unknown} (known: {', '.join(known)})")
+        value = entry.get(amount, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value > 0 and math.isfinite(value)
         ):  # fmt: skip
-            raise ConfigError(f"{at}: 'weight' must be a number > 0, got {weight!r}")
+            raise ConfigError(f"{at}: '{amount}' must be a number > 0, got {value!r}")
+        # As in Energon, an entry's split part overrides the one it was reached by, and what
+        # it names inherits it.
+        entry_part = entry.get("split_part", part)
+        if not isinstance(entry_part, str) or not entry_part:
+            raise ConfigError(f"{at}: 'split_part' must be a split part's name, got {entry_part!r}")
         rel = entry["path"]
         full = rel if os.path.isabs(rel) else os.path.normpath(os.path.join(base, rel))
         if rel.endswith(METADATASET_SUFFIXES):
-            # A nested metadataset is drawn with its entry's weight, and shares it among its
-            # own datasets in proportion to theirs (as Energon blends a nested blend).
             chain = tuple(os.path.realpath(p) for p in (*within, path))
             if os.path.realpath(full) in chain:
                 raise ConfigError(f"{at}: {rel} includes itself (a cycle of metadatasets)")
             if not os.path.isfile(full):
                 raise ConfigError(f"{at}: metadataset {rel} ({full}) is not a file")
-            inner = _read_metadataset(full, (*within, path), top)
-            total = sum(w for w, _, _ in inner)
-            out.extend((float(weight) * w / total, p, label) for w, p, label in inner)
+            inner_mode, inner = _read_metadataset(full, (*within, path), top, entry_part)
+            if inner_mode and mode and inner_mode != mode:
+                raise ConfigError(
+                    f"{at}: {rel} is a '{inner_mode}' inside a '{mode}' (Energon cannot mix "
+                    "a blend by weights with one by repetitions)"
+                )
+            if inner_mode == EPOCHIZED:
+                # Nested repetitions multiply, as Energon's do (a lone path has none of its own).
+                factor = float(value) if mode == EPOCHIZED else 1.0
+                out.extend(e._replace(weight=factor * e.weight) for e in inner)
+            else:
+                # A nested blend is drawn with its entry's weight, and shares it among its own
+                # datasets in proportion to theirs (as Energon blends a nested blend); a lone
+                # dataset gets the entry's weight or repetitions whole.
+                total = sum(e.weight for e in inner)
+                out.extend(e._replace(weight=float(value) * e.weight / total) for e in inner)
+            result = result or inner_mode
             continue
         if not os.path.isdir(full):
             raise ConfigError(f"{at}: dataset {rel} ({full}) is not a directory")
+        parts = split_parts(full)
+        if parts is not None and entry_part not in parts:
+            raise ConfigError(
+                f"{at}: dataset {rel} has no split part {entry_part!r} (its .nv-meta/split.yaml "
+                f"has {', '.join(parts) or 'none'})"
+            )
         label = os.path.normpath(os.path.relpath(full, top)) if not os.path.isabs(rel) else rel
-        out.append((float(weight), full, os.path.basename(full) if label == "." else label))
-    return out
+        label = os.path.basename(full) if label == "." else label
+        out.append(BlendEntry(float(value), full, label, entry_part))
+    return result, out
 
 
-def _checked(blend, where):
+def _checked(blend: list[BlendEntry], where: str) -> tuple[BlendEntry, ...]:
     seen = set()
-    for _, path, _ in blend:
-        key = os.path.realpath(path)
+    for e in blend:
+        # Another part of a dataset is other samples (its parts share no shard).
+        key = (os.path.realpath(e.path), e.split_part)
         if key in seen:
-            raise ConfigError(f"{where}: dataset {path} is named twice")
+            raise ConfigError(f"{where}: dataset {e.path} is named twice")
         seen.add(key)
-    return blend
+    return tuple(blend)
 
 
 def _number(text: str) -> float | None:

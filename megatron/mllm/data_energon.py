@@ -1,10 +1,11 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """Real data: this rank's samples of a Megatron-Energon dataset (``--data-path DIR``).
 
-The dataset is WebDataset shards prepared by ``energon prepare`` (``.nv-meta/``); its samples
-are read by random access through Energon's tar index (``ShardInfosITarReader``), so each DP
-rank reads exactly the samples Megatron's sampler gives it (:func:`microbatch_indices`) and
-nothing of another rank's. Stream index ``k`` is dataset sample ``perm_e[k mod N]`` of epoch
+The dataset is WebDataset shards prepared by ``energon prepare`` (``.nv-meta/``); the samples
+of its ``train`` split part (or the part a metadataset entry's ``split_part`` names) are read
+by random access through Energon's tar index (``ShardInfosITarReader``), so each DP rank reads
+exactly the samples Megatron's sampler gives it (:func:`microbatch_indices`) and nothing of
+another rank's. Stream index ``k`` is dataset sample ``perm_e[k mod N]`` of epoch
 ``e = k // N``, a permutation drawn from ``(seed, e)``: a resumed run, or one with another
 parallel layout, sees the same samples in the same order.
 
@@ -22,6 +23,7 @@ samples and interleaved documents, their text in a ``--prompt-format``
 
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, ChatTurns, SamplePayload, sample_layout
+from megatron.mllm.data_blend import split_parts
 from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to callers)
     PROMPT_FORMATS,
     DataError,
@@ -50,12 +53,13 @@ from megatron.mllm.tokenizer import TextTokenizer
 from orchestration.workload import ENCODER_OF_MODALITY, SampleMeta, WorkloadError
 
 
-def open_dataset(path: str):
-    """Energon's random-access reader of the ``train`` split of the dataset at ``path``.
+def open_dataset(path: str, split_part: str = "train"):
+    """Energon's random-access reader of split part ``split_part`` of the dataset at ``path``.
 
     Raises:
-        ConfigError: ``path`` is not an Energon dataset, or Energon is not installed.
-        WorkloadError: the dataset has no samples.
+        ConfigError: ``path`` is not an Energon dataset, its ``.nv-meta/split.yaml`` has no such
+            part, or Energon is not installed.
+        WorkloadError: the dataset (its part) has no samples.
     """
     if not os.path.isdir(path):
         raise ConfigError(f"--data-path {path}: no such directory")
@@ -71,10 +75,17 @@ def open_dataset(path: str):
         from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
     except ImportError as e:
         raise ConfigError("--data-path needs megatron-energon: the 'data' extra") from e
+    parts = split_parts(path)
+    if parts is not None and split_part not in parts:  # Energon would only assert
+        raise ConfigError(
+            f"--data-path {path}: the dataset has no split part {split_part!r} (its "
+            f".nv-meta/split.yaml has {', '.join(parts) or 'none'})"
+        )
     try:
-        meta = WebdatasetMeta.from_config(EPath(path), split_part="train")
+        meta = WebdatasetMeta.from_config(EPath(path), split_part=split_part)
     except EmptyDatasetError as e:
-        raise WorkloadError(f"--data-path {path}: the dataset is empty ({e})") from e
+        what = "the dataset" if split_part == "train" else f"the dataset's {split_part} part"
+        raise WorkloadError(f"--data-path {path}: {what} is empty ({e})") from e
     reader = ShardInfosITarReader(EPath(path), meta.shards)
     if len(reader) == 0:
         raise WorkloadError(
@@ -111,6 +122,9 @@ class EnergonStream:
     label: str = ""
     """Names the dataset in sample ids (``label/shard/key``) within a blend; empty alone."""
 
+    split_part: str = "train"
+    """The part of the dataset's ``.nv-meta/split.yaml`` read (a metadataset's ``split_part``)."""
+
     _reader: object = field(default=None, init=False, repr=False)
     _raw: dict[int, RawSample] = field(default_factory=dict, init=False, repr=False)
     _orders: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
@@ -118,7 +132,7 @@ class EnergonStream:
 
     def __post_init__(self):
         check_prompt_format(self.prompt_format, self.tokenizer)
-        self._reader = open_dataset(self.path)
+        self._reader = open_dataset(self.path, self.split_part)
         if self.num_workers > 0:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="orchweave-data")
 
@@ -133,9 +147,16 @@ class EnergonStream:
     def identity(self) -> tuple[str, int, str, int]:
         """What a checkpoint records of the stream (``megatron.mllm.data_state``): the
         dataset's absolute path, its number of samples, its shard index fingerprint, and the
-        seed of the epochs' orders; the position is the iteration's, as the order is stateless."""
-        fingerprint = shard_index_fingerprint(self.path)
-        return os.path.abspath(self.path), len(self), fingerprint, self.seed
+        seed of the epochs' orders; the position is the iteration's, as the order is stateless.
+        A part other than ``train`` is named in the path and folded into the fingerprint, which
+        covers every part's shards: a resume on another part of the same shards is refused as
+        one on another dataset is (``train``'s identity is what it was before parts were read)."""
+        path, fingerprint = os.path.abspath(self.path), shard_index_fingerprint(self.path)
+        if self.split_part != "train":
+            path = f"{path} [split part {self.split_part}]"
+            key = f"{fingerprint}\0{self.split_part}".encode()
+            fingerprint = hashlib.sha256(key).hexdigest()[:16]
+        return path, len(self), fingerprint, self.seed
 
     def dataset_index(self, k: int) -> int:
         """The dataset sample at stream index ``k``."""
@@ -275,7 +296,8 @@ def check_prompt_format(prompt_format: str, tokenizer: TextTokenizer) -> None:
 
 def stream_from_run(run):
     """The stream of a run with ``--data-path`` (``run.data`` set): an
-    :class:`EnergonStream`, or a :class:`~megatron.mllm.data_blend.BlendedStream` of several.
+    :class:`EnergonStream`, a :class:`~megatron.mllm.data_blend.BlendedStream` of several, or
+    a :class:`~megatron.mllm.data_epochized.EpochizedStream` of a ``blend_epochized``.
 
     Raises:
         ConfigError: a bad flag (tokenizer, tiling) or a path that is not an Energon dataset.
@@ -300,14 +322,20 @@ def stream_from_run(run):
     from megatron.mllm.data_blend import BlendedStream, blend_of
 
     blend = blend_of(d.data_blend or (d.data_path,))
+    alone = len(blend) == 1 and not blend.epochized  # (one epochized dataset may repeat)
     streams = [
         EnergonStream(
-            path, tokenizer, tiling, AudioFeatures(mm.audio_feature_dim), run.seed,
-            num_workers=d.num_workers if len(blend) == 1 else 0,
-            prompt_format=d.prompt_format, label=label if len(blend) > 1 else "",
+            e.path, tokenizer, tiling, AudioFeatures(mm.audio_feature_dim), run.seed,
+            num_workers=d.num_workers if alone else 0,
+            prompt_format=d.prompt_format, label=e.label if len(blend) > 1 else "",
+            split_part=e.split_part,
         )  # fmt: skip
-        for _, path, label in blend
+        for e in blend
     ]
-    if len(streams) == 1:
+    if alone:
         return streams[0]
-    return BlendedStream(streams, tuple(w for w, _, _ in blend), run.seed, d.num_workers)
+    if blend.epochized:
+        from megatron.mllm.data_epochized import EpochizedStream
+
+        return EpochizedStream(streams, tuple(e.weight for e in blend), run.seed, d.num_workers)
+    return BlendedStream(streams, tuple(e.weight for e in blend), run.seed, d.num_workers)

@@ -228,9 +228,19 @@ def document_texts(samples: list[dict]) -> list[str]:
     return texts
 
 
-def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) -> list[str]:
+def write_energon_dataset(
+    directory: str,
+    samples: list[dict],
+    num_shards: int,
+    split_parts: tuple[tuple[str, float], ...] = (("train", 1.0),),
+) -> list[str]:
     """Write ``samples`` as WebDataset shards under ``directory`` and prepare them for Energon
-    (``.nv-meta/``: shard counts, a single ``train`` split, tar indices, ``dataset.yaml``).
+    (``.nv-meta/``: shard counts, the split, tar indices, ``dataset.yaml``).
+
+    Args:
+        split_parts: ``(part, share)`` of the split, in order: each part takes its share of the
+            shards, consecutive in shard order (``energon prepare``'s ratios, unshuffled); by
+            default a single ``train`` part.
 
     Returns:
         The shard file names, in order.
@@ -251,7 +261,7 @@ def write_energon_dataset(directory: str, samples: list[dict], num_shards: int) 
             for sample in samples[s * per_shard : (s + 1) * per_shard]:
                 writer.write(sample)
     WebdatasetPreparator.prepare_dataset(
-        EPath(directory), names, split_parts_ratio=[("train", 1.0)], shuffle_seed=None, workers=1
+        EPath(directory), names, split_parts_ratio=list(split_parts), shuffle_seed=None, workers=1
     )
     # Mixed sample types: Energon reads them as a crude dataset (a cooker per type).
     with open(os.path.join(directory, ".nv-meta", "dataset.yaml"), "w", encoding="utf-8") as f:

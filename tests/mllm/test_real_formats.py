@@ -367,23 +367,24 @@ def test_data_path_blends_and_metadataset_yaml(documents, tmp_path, capsys):
     path, _, root, tk = documents
     other = str(root / "docs2")
     write_energon_dataset(other, document_samples(DemoSpec(num_documents=6, seed=9)), 1)
-    assert blend_of(["3", path, "1", other]) == [(3.0, path, path), (1.0, other, other)]
-    assert blend_of([path, other]) == [(1.0, path, path), (1.0, other, other)]
+    t = "train"
+    assert list(blend_of(["3", path, "1", other])) == [(3.0, path, path, t), (1.0, other, other, t)]
+    assert list(blend_of([path, other])) == [(1.0, path, path, t), (1.0, other, other, t)]
     with pytest.raises(ConfigError, match="give weights and paths in pairs"):
         blend_of(["3", path, other])
     with pytest.raises(ConfigError, match=f"the weight of {other} must be > 0"):
         blend_of(["1", path, "0", other])
     yaml_path = str(root / "mix.yaml")
     write_blend(yaml_path, [("docs", 2.0), ("docs2", 1.0)])
-    assert blend_of([yaml_path]) == [(2.0, path, "docs"), (1.0, other, "docs2")]
+    assert list(blend_of([yaml_path])) == [(2.0, path, "docs", t), (1.0, other, "docs2", t)]
     # A nested metadataset is drawn with its entry's weight, shared by its own datasets in
     # proportion to theirs; its datasets are named from the outer YAML's directory.
     third = str(root / "sub" / "docs3")
     write_energon_dataset(third, document_samples(DemoSpec(num_documents=4, seed=5)), 1)
     write_blend(str(root / "sub" / "inner.yaml"), [("docs3", 3.0), ("../docs2", 1.0)])
     write_blend(str(root / "outer.yaml"), [("docs", 1.0), ("sub/inner.yaml", 2.0)])
-    assert blend_of([str(root / "outer.yaml")]) == [
-        (1.0, path, "docs"), (1.5, third, "sub/docs3"), (0.5, other, "docs2")
+    assert list(blend_of([str(root / "outer.yaml")])) == [
+        (1.0, path, "docs", t), (1.5, third, "sub/docs3", t), (0.5, other, "docs2", t)
     ]  # fmt: skip
     write_blend(str(root / "twice.yaml"), [("docs2", 1.0), ("sub/inner.yaml", 1.0)])
     with pytest.raises(ConfigError, match="dataset .*docs2 is named twice"):

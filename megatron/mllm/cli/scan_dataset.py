@@ -8,8 +8,9 @@ Usage (from the repository root)::
         [--min-pixels A] [--max-pixels A] [--vision-patch-size P] [--audio-feature-dim D]
         [--prompt-format {caption,chat}] [--json]
 
-``DIR`` may also be a metadataset YAML: every dataset of its blend is scanned in turn (ids
-``label/shard/key``; the JSONL then defaults to beside the YAML).
+``DIR`` may also be a metadataset YAML: every dataset of its ``blend`` or ``blend_epochized``
+is scanned in turn, in the split part its entry reads (ids ``label/shard/key``; the JSONL then
+defaults to beside the YAML).
 
 Every sample's metadata is computed as the trainer computes it with the same flags: text
 tokens from the tokenizer, image and audio token counts from the media *headers* (nothing is
@@ -76,7 +77,8 @@ def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch:
          image_preprocess: str = "tile", min_pixels: int = DEFAULT_MIN_PIXELS,
          max_pixels: int = DEFAULT_MAX_PIXELS, prompt_format: str = "caption"):  # fmt: skip
     """The metadata of every sample of the dataset at ``directory`` (or of each dataset of a
-    metadataset YAML in turn), in dataset order, with the trainer's preprocessing flags
+    metadataset YAML in turn, in the split part its entry reads, each sample once whatever its
+    weight or repetitions), in dataset order, with the trainer's preprocessing flags
     (``--image-preprocess`` and the flags of the mode chosen, ``--prompt-format``).
 
     Raises:
@@ -97,10 +99,10 @@ def scan(directory: str, tokenizer_model: str, tile: int, max_tiles: int, patch:
         raise WorkloadError(str(e)) from e
     blend = blend_of([directory])
     metas = []
-    for _, path, label in blend:
+    for e in blend:  # each dataset's samples once (its split part), whatever it weighs
         stream = EnergonStream(
-            path, tokenizer, tiling, AudioFeatures(mels), seed=0, prompt_format=prompt_format,
-            label=label if len(blend) > 1 else "",
+            e.path, tokenizer, tiling, AudioFeatures(mels), seed=0, prompt_format=prompt_format,
+            label=e.label if len(blend) > 1 else "", split_part=e.split_part,
         )  # fmt: skip
         metas += [stream.sample_meta(stream.read(i)) for i in range(len(stream))]
     return metas
