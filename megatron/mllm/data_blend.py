@@ -300,6 +300,11 @@ class BlendedStream:
             return [s.payload(meta, j, with_features) for s, j, meta in jobs]
         return decode_in_pool(self._pool, [(s, s.take(j), meta) for s, j, meta in jobs])
 
+    def workers_ready(self) -> float | None:
+        """Wait until the decode workers have started; the seconds they took from launch (None
+        without workers)."""
+        return None if self._pool is None else self._pool.wait_ready()
+
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
         for s in self.streams:

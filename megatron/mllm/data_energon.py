@@ -275,6 +275,11 @@ class EnergonStream:
             units.setdefault(ENCODER_OF_MODALITY[modality], []).extend(feats)
         return SamplePayload(tokens=tokens, units=units)
 
+    def workers_ready(self) -> float | None:
+        """Wait until the decode workers have started; the seconds they took from launch (None
+        without workers)."""
+        return None if self._pool is None else self._pool.wait_ready()
+
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
         if self._pool is not None:

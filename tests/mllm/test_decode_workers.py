@@ -186,6 +186,8 @@ def test_close_stops_the_workers(data):
     root, tok = data
     stream = _stream(root / "captions", tok, 2)
     pool = stream._pool
+    assert 0 < stream.workers_ready() < 60  # the start-up: launch until both are ready
+    assert _stream(root / "captions", tok).workers_ready() is None
     stream.close()
     stream.close()  # idempotent
     assert all(p is not None for p in _exit_codes(pool))
