@@ -17,8 +17,9 @@ torch and megatron.core, about 13 s per process on a small host), and forking a 
 holds torch's OpenMP threads can deadlock. Each worker talks to the pool over two pipes
 (:class:`multiprocessing.connection.Connection` framing and pickling).
 
-A worker holds one item at a time: the pool writes to a worker only when it waits for a task,
-so neither side can block writing to a full pipe while the other does the same. Every wait on
+A worker holds one task (a few items) at a time: the pool writes to a worker only when it
+waits for a task, so neither side can block writing to a full pipe while the other does the
+same. Every wait on
 the workers is bounded (``timeout_s``; a run passes ``--distributed-timeout-minutes``), and a
 worker that dies or stops answering gives one :class:`DecodePoolError` naming the stream, the
 rank and the sample, never a hang. Workers stop at :meth:`DecodePool.close`, at the parent's
@@ -44,6 +45,9 @@ from orchestration.workload import WorkloadError
 
 HEAVY_MODULES = ("torch", "megatron.core")
 """Modules a worker must never import (a test checks them in a live worker)."""
+
+CHUNKS_PER_WORKER = 2
+"""Tasks a batch's items are cut into, per worker (see :meth:`DecodePool.map`)."""
 
 DEFAULT_TIMEOUT_S = 600.0
 """Bound of a wait on the workers when none is given (Megatron's default distributed timeout)."""
@@ -102,8 +106,7 @@ def serve(argv: list[str]) -> None:
             if task[0] == "modules":
                 results.send(("ok", sorted(sys.modules)))
             else:
-                _, prep, data = task
-                results.send(("ok", decode_item(prep, data)))
+                results.send(("ok", [decode_item(prep, data) for prep, data in task[1]]))
         except (BrokenPipeError, EOFError):
             return
         except Exception:  # a bug, not bad data: the parent reports it, naming the sample
@@ -173,8 +176,15 @@ class DecodePool:
             DecodePoolError: a worker died, gave no answer within ``timeout_s``, or raised
                 something other than a decode error; the pool is closed.
         """
+        # A few tasks per worker, not one per item: on a busy host each round trip waits for
+        # two wake-ups, which cost more than decoding a small image; two per worker still lets
+        # a worker that drew the quick items take another.
+        size = max(1, -(-len(jobs) // (CHUNKS_PER_WORKER * len(self._workers))))
+        chunks = [jobs[i : i + size] for i in range(0, len(jobs), size)]
+        where = [_span(names[i : i + size]) for i in range(0, len(jobs), size)]
         with self._lock:
-            return self._run([("decode", p, d) for p, d in jobs], names)
+            done = self._run([("decode", c) for c in chunks], where)
+        return [r for chunk in done for r in chunk]
 
     def modules(self) -> list[list[str]]:
         """Every worker's ``sys.modules`` names (to check that the workers stay light)."""
@@ -262,6 +272,11 @@ class DecodePool:
         """Stop the workers (idempotent); later maps raise."""
         self._broken = self._broken or f"{self.name}: the decode pool is closed"
         self._finalizer()
+
+
+def _span(names: list[str]) -> str:
+    """The samples of a task, as errors name them: one, or the first and last."""
+    return names[0] if names[0] == names[-1] else f"{names[0]} (to {names[-1]})"
 
 
 def _launch(env: dict) -> _Worker:
