@@ -40,13 +40,13 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from megatron.mllm.arguments import ConfigError
+from megatron.mllm.decode_pool import DEFAULT_TIMEOUT_S, DecodePool
 
 METADATASET_SUFFIXES = (".yaml", ".yml")
 """A ``--data-path`` ending so is a metadataset YAML."""
@@ -321,18 +321,24 @@ class BlendedStream:
     """Seed of the draws (``--seed``)."""
 
     num_workers: int = 0
-    """Threads that decode payloads (0: the main thread); the datasets' own are not used."""
+    """Processes that decode the media of every dataset (0: the main process); the datasets'
+    own pools are not used (give them none)."""
+
+    decode_timeout_s: float = DEFAULT_TIMEOUT_S
+    """The longest wait on the decode workers (a run's ``--distributed-timeout-minutes``)."""
 
     _before: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
     _block: tuple[int, np.ndarray] | None = field(default=None, init=False, repr=False)
-    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _pool: DecodePool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if len(self.streams) != len(self.weights) or not self.streams:
             raise ValueError("a blend needs one weight per dataset, and a dataset")
         self._before = [np.zeros(len(self.streams), dtype=np.int64)]
         if self.num_workers > 0:
-            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="orchweave-data")
+            # One pool for the blend: a batch's items of every dataset spread over the workers.
+            name = "--data-path blend of " + ", ".join(s.label or s.path for s in self.streams)
+            self._pool = DecodePool(self.num_workers, name, self.decode_timeout_s)
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.streams)
@@ -389,17 +395,26 @@ class BlendedStream:
         return self.streams[d].encoded_media(j)
 
     def payloads(self, wanted, with_features: bool = True) -> list:
-        """The payloads of ``(k, meta)`` pairs, decoded by the worker threads when there are."""
+        """The payloads of ``(k, meta)`` pairs, in order; the media decoded by the worker
+        processes when there are."""
+        # Here, not at the top: --data-path's checks import this module for blend_of alone.
+        from megatron.mllm.data_energon import decode_in_pool
+
         jobs = [(self.streams[d], j, meta) for (d, j), (_, meta) in
                  zip((self.source(k) for k, _ in wanted), wanted)]  # fmt: skip
-        if self._pool is None:
+        if self._pool is None or not with_features:
             return [s.payload(meta, j, with_features) for s, j, meta in jobs]
-        return list(self._pool.map(lambda job: job[0].payload(job[2], job[1], with_features), jobs))
+        return decode_in_pool(self._pool, [(s, s.take(j), meta) for s, j, meta in jobs])
+
+    def workers_ready(self) -> float | None:
+        """Wait until the decode workers have started; the seconds they took from launch (None
+        without workers)."""
+        return None if self._pool is None else self._pool.wait_ready()
 
     def close(self) -> None:
-        """Stop the worker threads."""
+        """Stop the worker processes (idempotent)."""
         for s in self.streams:
             s.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None

@@ -13,7 +13,9 @@ parallel layout, sees the same samples in the same order.
 stream (``meta(k)``: the sample's metadata, from its text and its media *headers* only, so the
 balancer plans before anything is decoded) and the task (``payload``: decoding, tiling,
 log-mels and token ids, once the batch's metadata has been gathered and checked). Between the
-two the sample is held as its compact encoded bytes.
+two the sample is held as its compact encoded bytes. With ``--num-workers N`` the media are
+decoded in N worker processes (:mod:`megatron.mllm.decode_pool`), bit-identical to decoding in
+the main process and in the same order.
 
 A sample is one ``json`` part and its media parts: captions (image-text and audio-text), VQA
 samples and interleaved documents, their text in a ``--prompt-format``
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,7 @@ from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to cal
     read_sample,
 )
 from megatron.mllm.data_state import shard_index_fingerprint
+from megatron.mllm.decode_pool import DEFAULT_TIMEOUT_S, DecodePool, Failed, decode_item
 from megatron.mllm.image_dynamic import DynamicResolution, image_preprocessor
 from megatron.mllm.overlong import truncated_text_ids
 from megatron.mllm.preprocess import (
@@ -114,7 +116,7 @@ class EnergonStream:
     """Seed of the epochs' sample orders."""
 
     num_workers: int = 0
-    """``--num-workers``: threads that decode an iteration's payloads (0: the main thread)."""
+    """``--num-workers``: processes that decode an iteration's media (0: the main process)."""
 
     prompt_format: str = "caption"
     """``--prompt-format``: how text is wrapped (:mod:`megatron.mllm.data_formats`)."""
@@ -125,16 +127,21 @@ class EnergonStream:
     split_part: str = "train"
     """The part of the dataset's ``.nv-meta/split.yaml`` read (a metadataset's ``split_part``)."""
 
+    decode_timeout_s: float = DEFAULT_TIMEOUT_S
+    """The longest wait on the decode workers (a run's ``--distributed-timeout-minutes``)."""
+
     _reader: object = field(default=None, init=False, repr=False)
     _raw: dict[int, RawSample] = field(default_factory=dict, init=False, repr=False)
     _orders: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False)
-    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _pool: DecodePool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         check_prompt_format(self.prompt_format, self.tokenizer)
         self._reader = open_dataset(self.path, self.split_part)
         if self.num_workers > 0:
-            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="orchweave-data")
+            # Started now: the workers import while the run sets up, before the first batch.
+            name = f"--data-path {self.label or self.path}"
+            self._pool = DecodePool(self.num_workers, name, self.decode_timeout_s)
 
     def __len__(self) -> int:
         return len(self._reader)
@@ -211,8 +218,15 @@ class EnergonStream:
 
     def payload(self, meta: SampleMeta, k: int, with_features: bool = True) -> SamplePayload:
         """Stream sample ``k``'s payload (after :meth:`meta`; the kept bytes are released)."""
-        raw = self._raw.pop(k, None) or self.read(self.dataset_index(k))
-        return self.decode(raw, meta, with_features)
+        return self.decode(self.take(k), meta, with_features)
+
+    def take(self, k: int) -> RawSample:
+        """Stream sample ``k`` as read, its kept bytes released (read again if not kept)."""
+        return self._raw.pop(k, None) or self.read(self.dataset_index(k))
+
+    def preprocessor(self, modality: str) -> ImageTiling | DynamicResolution | AudioFeatures:
+        """What turns the media of ``modality`` into units (picklable: it goes to a worker)."""
+        return self.tiling if modality == "image" else self.audio
 
     def discard(self, k: int) -> None:
         """Forget the bytes kept for stream sample ``k`` (a sample dropped before its payload)."""
@@ -230,16 +244,30 @@ class EnergonStream:
     def payloads(
         self, wanted: list[tuple[int, SampleMeta]], with_features: bool = True
     ) -> list[SamplePayload]:
-        """The payloads of ``(k, meta)`` pairs, decoded by the worker threads when there are."""
-        if self._pool is None:
+        """The payloads of ``(k, meta)`` pairs, in order; the media decoded by the worker
+        processes when there are (see :func:`decode_in_pool`)."""
+        if self._pool is None or not with_features:
             return [self.payload(meta, k, with_features) for k, meta in wanted]
-        return list(self._pool.map(lambda km: self.payload(km[1], km[0], with_features), wanted))
+        return decode_in_pool(self._pool, [(self, self.take(k), meta) for k, meta in wanted])
 
     def decode(self, raw: RawSample, meta: SampleMeta, with_features: bool) -> SamplePayload:
-        """Token ids laid out as :func:`sample_layout` places text and items, and features.
+        """Token ids laid out as :func:`sample_layout` places text and items, and features,
+        decoded here (in the main process).
 
         Raises:
             DataError: naming the sample, when its media cannot be decoded or does not match
+                the metadata its header gave.
+        """
+        # Lazily: the first item that cannot be decoded stops the sample, as a worker's does.
+        feats = (decode_item(self.preprocessor(m), media) for m, media in raw.media)
+        return self.assemble(raw, meta, feats if with_features else None)
+
+    def assemble(self, raw: RawSample, meta: SampleMeta, features) -> SamplePayload:
+        """The payload of a sample from its decoded items (:func:`decode_item`'s results, in
+        document order; None: tokens only).
+
+        Raises:
+            DataError: naming the sample, for an item that failed or whose units do not match
                 the metadata its header gave.
         """
         spans, runs = sample_layout(meta)
@@ -251,15 +279,13 @@ class EnergonStream:
             tokens[start : start + length] = text[used : used + length]
             used += length
         units: dict[str, list[np.ndarray]] = {}
-        if not with_features:
+        if features is None:
             return SamplePayload(tokens=tokens, units=units)
         seen = {"image": 0, "audio": 0}
-        for modality, media in raw.media:  # document order: each encoder's units in order
-            prep = self.tiling if modality == "image" else self.audio
-            try:
-                feats = prep.features(media)
-            except DecodeError as e:
-                raise DataError(f"sample {raw.name}: {e}") from e
+        # Document order: each encoder's units in order.
+        for (modality, _), feats in zip(raw.media, features, strict=True):
+            if isinstance(feats, Failed):
+                raise DataError(f"sample {raw.name}: {feats.message}")
             want = meta.items(modality)[seen[modality]].units
             seen[modality] += 1
             if tuple(f.shape[0] for f in feats) != want:
@@ -270,11 +296,37 @@ class EnergonStream:
             units.setdefault(ENCODER_OF_MODALITY[modality], []).extend(feats)
         return SamplePayload(tokens=tokens, units=units)
 
+    def workers_ready(self) -> float | None:
+        """Wait until the decode workers have started; the seconds they took from launch (None
+        without workers)."""
+        return None if self._pool is None else self._pool.wait_ready()
+
     def close(self) -> None:
-        """Stop the worker threads."""
+        """Stop the worker processes (idempotent)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
+
+
+def decode_in_pool(pool: DecodePool, samples: list) -> list[SamplePayload]:
+    """The payloads of ``(stream, raw sample, meta)`` triples, their media decoded by ``pool``'s
+    worker processes: every item of the batch goes out at once (a document's images spread over
+    the workers), and the payloads are assembled in order, the first failing sample raising.
+
+    Raises:
+        DataError: naming the sample, as :meth:`EnergonStream.decode` does.
+        DecodePoolError: a worker died or stopped answering (naming the stream and rank).
+    """
+    jobs, names = [], []
+    for stream, raw, _ in samples:
+        for modality, media in raw.media:
+            jobs.append((stream.preprocessor(modality), media))
+            names.append(raw.name)
+    decoded = iter(pool.map(jobs, names))
+    return [
+        stream.assemble(raw, meta, [next(decoded) for _ in raw.media])
+        for stream, raw, meta in samples
+    ]
 
 
 def check_prompt_format(prompt_format: str, tokenizer: TextTokenizer) -> None:
@@ -323,19 +375,23 @@ def stream_from_run(run):
 
     blend = blend_of(d.data_blend or (d.data_path,))
     alone = len(blend) == 1 and not blend.epochized  # (one epochized dataset may repeat)
+    # A wait on the decode workers is bounded as a wait on another rank is.
+    timeout = run.distributed_timeout.total_seconds()
     streams = [
         EnergonStream(
             e.path, tokenizer, tiling, AudioFeatures(mm.audio_feature_dim), run.seed,
             num_workers=d.num_workers if alone else 0,
             prompt_format=d.prompt_format, label=e.label if len(blend) > 1 else "",
-            split_part=e.split_part,
+            split_part=e.split_part, decode_timeout_s=timeout,
         )  # fmt: skip
         for e in blend
     ]
     if alone:
         return streams[0]
+    weights = tuple(e.weight for e in blend)
     if blend.epochized:
         from megatron.mllm.data_epochized import EpochizedStream
 
-        return EpochizedStream(streams, tuple(e.weight for e in blend), run.seed, d.num_workers)
-    return BlendedStream(streams, tuple(e.weight for e in blend), run.seed, d.num_workers)
+        return EpochizedStream(streams, weights, run.seed, d.num_workers,
+                               decode_timeout_s=timeout)  # fmt: skip
+    return BlendedStream(streams, weights, run.seed, d.num_workers, decode_timeout_s=timeout)

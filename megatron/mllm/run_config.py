@@ -346,7 +346,7 @@ class DataSourceConfig:
     """The Energon dataset directory or metadataset YAML (the first entry of a blend)."""
 
     num_workers: int
-    """Threads that decode payloads (0: the main thread)."""
+    """Processes that decode the payloads' media (0: the main process)."""
 
     tokenizer_type: str | None
     """``--tokenizer-type``."""

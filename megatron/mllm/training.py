@@ -517,7 +517,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scripts/pretrain_mllm.py``."""
     logs.configure(logs.level_from_argv(sys.argv[1:] if argv is None else argv))
     try:
-        Trainer(RunConfig.from_args(parse_arguments(argv))).train()
+        trainer = Trainer(RunConfig.from_args(parse_arguments(argv)))
+        try:
+            trainer.train()
+        finally:
+            # Real data's decode worker processes stop with the run (they would at exit too).
+            getattr(trainer.loader.stream, "close", lambda: None)()
     except (
         ConfigError,
         WorkloadError,

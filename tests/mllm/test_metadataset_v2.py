@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -101,7 +102,7 @@ def test_an_entry_reads_the_split_part_it_names(data, tmp_path, capsys):
         multimodal=SimpleNamespace(image_preprocess="tile", vision_patch_size=4, image_tile_size=16,
                                    image_max_tiles=4, min_pixels=3136, max_pixels=50176,
                                    audio_feature_dim=16),
-        vocab_size=384, seed=3,
+        vocab_size=384, seed=3, distributed_timeout=timedelta(minutes=10),
     )  # fmt: skip
     stream = stream_from_run(run)
     assert isinstance(stream, BlendedStream) and stream.streams[0].split_part == "val"

@@ -7,8 +7,10 @@ when absent) with the README's demo flags at DP=2, each round runs, one after an
 
 - the loader alone with ``--num-workers 1`` and then 2: two processes at once (DP ranks 0 and
   1, as in training, sharing the host's cores), each reading its own samples of ``--loader-iters``
-  iterations as the trainer does (metadata from headers, then payloads decoded on the worker
-  threads); samples per second per rank, the slower rank's;
+  iterations as the trainer does (metadata from headers, then the media decoded in the worker
+  processes, :mod:`megatron.mllm.decode_pool`); samples per second per rank, the slower rank's.
+  The workers' start-up (launch until every one is ready) is waited for before the clock starts,
+  as a run starts them while it sets up, and printed per round (the slower rank's);
 - the trainer on the same data (``--num-workers 2``, post-balancing on): samples it consumes
   per second per rank over the iterations after the warm-up.
 
@@ -46,6 +48,7 @@ def load_rank(path: str, rank: int, workers: int, iters: int) -> dict:
     flags += ["--num-workers", str(workers)]
     run = quiet_config_files().load_run_config("cpu-main", [" ".join(flags)], world_size=DP).run
     stream = stream_from_run(run)
+    startup = stream.workers_ready()  # a run's workers start during its setup: not timed
     mbs = run.micro_batch_size
     num_mb = run.global_batch_size // (mbs * DP)
     start, samples = time.perf_counter(), 0
@@ -56,11 +59,12 @@ def load_rank(path: str, rank: int, workers: int, iters: int) -> dict:
         samples += len(pairs)
     elapsed = time.perf_counter() - start
     stream.close()
-    return {"rank": rank, "samples": samples, "seconds": elapsed}
+    return {"rank": rank, "samples": samples, "seconds": elapsed, "startup_s": startup}
 
 
-def loader_rate(path: str, workers: int, iters: int) -> float:
-    """Samples per second of the slower of two concurrent loader processes (ranks 0 and 1)."""
+def loader_rate(path: str, workers: int, iters: int) -> tuple[float, float]:
+    """Samples per second of the slower of two concurrent loader processes (ranks 0 and 1), and
+    the longer of their decode pools' start-up seconds."""
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--as-rank", str(r), "--workers", str(workers),
@@ -69,14 +73,15 @@ def loader_rate(path: str, workers: int, iters: int) -> float:
         )  # fmt: skip
         for r in range(DP)
     ]
-    rates = []
+    rates, startups = [], []
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
         if proc.returncode != 0:
             sys.exit(f"error: a loader process failed (exit {proc.returncode})")
         rec = json.loads(out.strip().splitlines()[-1])
         rates.append(rec["samples"] / rec["seconds"])
-    return min(rates)
+        startups.append(rec["startup_s"] or 0.0)
+    return min(rates), max(startups)
 
 
 def main(argv=None) -> int:
@@ -101,17 +106,17 @@ def main(argv=None) -> int:
         f"{args.iters} ({args.warmup} of warm-up); samples/s per rank"
     )
     print(f"{'round':>5} {'loader 1w':>10} {'loader 2w':>10} {'trainer':>8} "
-          f"{'2w/1w':>6} {'2w/trainer':>10}")  # fmt: skip
+          f"{'2w/1w':>6} {'2w/trainer':>10} {'start 1w s':>10} {'start 2w s':>10}")  # fmt: skip
     ratios, speedups = [], []
     for r in range(args.rounds):
-        one = loader_rate(path, 1, args.loader_iters)
-        two = loader_rate(path, 2, args.loader_iters)
+        one, start_one = loader_rate(path, 1, args.loader_iters)
+        two, start_two = loader_rate(path, 2, args.loader_iters)
         records = run_main_job("trainer", train, args.iters)
         consumed = summarize(records, args.warmup)["samples_per_s"] / DP
         ratios.append(two / consumed)
         speedups.append(two / one)
         print(f"{r:>5} {one:>10.1f} {two:>10.1f} {consumed:>8.1f} {two / one:>6.3f} "
-              f"{two / consumed:>10.2f}")  # fmt: skip
+              f"{two / consumed:>10.2f} {start_one:>10.3f} {start_two:>10.3f}")  # fmt: skip
     if scratch is not None:
         scratch.cleanup()
     print(
