@@ -43,32 +43,36 @@ class TransferGraph:
     """
 
     def __init__(self, placement: Placement, structure: MicrobatchStructure):
-        self.compute_id: dict[Compute, int] = {}
+        flow = data_flow(placement, structure)  # listed once, shared with the checker
+        computes = flow.computes
+        self.compute_id: dict[Compute, int] = dict(zip(computes, range(len(computes))))
         self.edges: list[tuple[Compute, Any]] = []
         self.edge_id: dict[tuple[Compute, Any], int] = {}
         self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        flow = data_flow(placement, structure)  # listed once, shared with the checker
-        computes = flow.computes
-        for a in computes:
-            self.compute_id[a] = len(self.compute_id)
-            r = placement.rank_of(a.module, a.chunk)
+        # Ranks by chunk, looked up directly: the graph is rebuilt for every replica whose
+        # microbatches differ, and this loop is most of that.
+        home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
+        ranks = [home[a.module][a.chunk] for a in computes]
+        edges, edge_id = self.edges, self.edge_id
+        sends_of = []
+        for a, r in zip(computes, ranks):
+            sends = []
             for consumer, part in flow.outputs[a]:
-                if placement.rank_of(consumer.module, consumer.chunk) != r:
-                    self.edge_id[(a, part)] = len(self.edges)
-                    self.edges.append((a, part))
-        for a in computes:
-            r = placement.rank_of(a.module, a.chunk)
-            waits = tuple(
-                self.edge_id[(p, part)]
-                for p, part in flow.inputs[a]
-                if placement.rank_of(p.module, p.chunk) != r
-            )
-            sends = tuple(
-                (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
-                for c, part in flow.outputs[a]
-                if placement.rank_of(c.module, c.chunk) != r
-            )
-            self.remote[a] = (waits, sends)
+                dst = home[consumer.module][consumer.chunk]
+                if dst != r:
+                    e = (a, part)
+                    edge_id[e] = len(edges)
+                    sends.append((len(edges), dst))
+                    edges.append(e)
+            sends_of.append(tuple(sends))
+        remote = self.remote
+        inputs = flow.inputs
+        for a, r, sends in zip(computes, ranks, sends_of):
+            waits = []
+            for p, part in inputs[a]:
+                if home[p.module][p.chunk] != r:
+                    waits.append(edge_id[(p, part)])
+            remote[a] = (tuple(waits), sends)
 
 
 def replay(
