@@ -115,6 +115,7 @@ class Semu:
         self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
         self._fp = (self.cost.fingerprint(), compute_cost_fn)
+        self._facts: tuple = (None, {})
 
     # ---------------------------------------------------------------- compute costs
 
@@ -122,32 +123,48 @@ class Semu:
         """Cost of one compute of one microbatch (through the subgraph cache)."""
         if self.compute_cost_fn is not None:
             return self.compute_cost_fn(placement, a, mb)
-        start, stop = placement.layer_range(a.module, a.chunk)
-        lens, rows = mb.compute_sequences(a.module, a.sub)
-        if stop != placement.num_layers(a.module):
+        return self._cost(self._chunk_facts(placement)[(a.module, a.chunk)], a, mb, {})
+
+    def _chunk_facts(self, placement: Placement) -> dict[tuple[str, int], tuple]:
+        """Per ``(module, chunk)``: its layers ``(start, stop)``, whether it holds the module's
+        last layer, whether the model's module ends there (the subgraph key's facts); kept for
+        the last placement asked (the same object is asked for every compute of a step)."""
+        if self._facts[0] is placement:
+            return self._facts[1]
+        facts = {}
+        for module, cps in placement.chunks.items():
+            n_layers = self.spec.shape.module(module).num_layers
+            last = placement.num_layers(module)
+            for c, cp in enumerate(cps):
+                facts[(module, c)] = (cp.start, cp.stop, cp.stop == last, cp.stop == n_layers)
+        self._facts = (placement, facts)
+        return facts
+
+    def _cost(self, facts: tuple, a: Compute, mb: MicrobatchMeta, seqs: dict) -> ComputeCost:
+        """:meth:`compute_cost` with the chunk's ``facts`` (:meth:`_chunk_facts`) and ``seqs``,
+        a memo of ``(microbatch, module, sub) -> (sequences, sorted, rows, parts)`` for the
+        microbatch ``mb`` is (a microbatch's chunks share their sequences)."""
+        start, stop, projects, ends = facts
+        module = a.module
+        k = (a.microbatch, module, a.sub)
+        got = seqs.get(k)
+        if got is None:
+            lens, rows = mb.compute_sequences(module, a.sub)
+            # LLM chunk 0 joins every encoder sub's rows (and splits their gradient).
+            parts = sum(len(s) for s in mb.encoders.values()) if module == "llm" else 0
+            got = seqs[k] = (lens, tuple(sorted(lens)), rows, parts)
+        lens, ordered, rows, parts = got
+        if not projects:
             rows = 0  # only an encoder's last chunk projects rows
-        n_layers = self.spec.shape.module(a.module).num_layers
-        # LLM chunk 0 joins every encoder sub's rows (and splits their gradient).
-        parts = sum(len(s) for s in mb.encoders.values()) if a.module == "llm" and not start else 0
-        key = (
-            self._fp,
-            a.module,
-            stop - start,
-            start == 0,
-            stop == n_layers,
-            a.kind.value,
-            a.memory.value,
-            tuple(sorted(lens)),
-            rows,
-            parts,
-        )
+        if start:
+            parts = 0
+        kind, memory = a.kind.value, a.memory.value
+        key = (self._fp, module, stop - start, start == 0, ends, kind, memory, ordered, rows, parts)
 
         def cost() -> ComputeCost:
-            c = self.cost.compute_cost(
-                a.module, start, stop, a.kind.value, a.memory.value, lens, rows
-            )
-            join = self.cost.join_time(a.kind.value, parts)
-            if a.kind is Kind.B and a.memory.value == "recompute":
+            c = self.cost.compute_cost(module, start, stop, kind, memory, lens, rows)
+            join = self.cost.join_time(kind, parts)
+            if a.kind is Kind.B and memory == "recompute":
                 join += self.cost.join_time("F", parts)  # the rerun forward joins again
             return ComputeCost(c.time_s + join, c.kept_bytes, c.transient_bytes) if join else c
 
@@ -277,8 +294,14 @@ class Semu:
         recv_post = host.get("recv_post_s", 0.0) * slow
         recv_wait = host.get("recv_wait_s", 0.0) * slow
 
+        facts = self._chunk_facts(placement)
+        seqs: dict = {}
+
         def compile_compute(a: Compute, r: int) -> tuple:
-            c = self.compute_cost(placement, a, microbatches[a.microbatch])
+            if self.compute_cost_fn is not None:
+                c = self.compute_cost_fn(placement, a, microbatches[a.microbatch])
+            else:
+                c = self._cost(facts[(a.module, a.chunk)], a, microbatches[a.microbatch], seqs)
             waits: tuple = ()
             sends: tuple = ()
             key = a.key
