@@ -244,11 +244,31 @@ PIECES_KEPT = 100_000
 
 _flows: OrderedDict[tuple, DataFlow] = OrderedDict()
 _flows_lock = threading.Lock()  # the trainer plans the next batch's schedule in a thread
-_pieces: dict[tuple, tuple] = {}
+_pieces: dict[tuple, "FlowPiece"] = {}
 
 
-def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> tuple:
-    """One microbatch's share of a :class:`DataFlow`: ``(computes, inputs, outputs)``.
+class FlowPiece:
+    """One microbatch's share of a :class:`DataFlow` (shared, never modified).
+
+    Attributes:
+        computes: the microbatch's computes in :func:`all_computes` order.
+        inputs: per compute, :func:`data_inputs`.
+        outputs: per compute, :func:`consumers`.
+        derived: what users of the piece derive from it once for all the steps that share it
+            (``pipeweaver.semu.replay``'s transfer ids), by the user's name.
+    """
+
+    __slots__ = ("computes", "inputs", "outputs", "derived")
+
+    def __init__(self, computes: tuple, inputs: dict, outputs: dict):
+        self.computes = computes
+        self.inputs = inputs
+        self.outputs = outputs
+        self.derived: dict = {}
+
+
+def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> FlowPiece:
+    """One microbatch's share of a :class:`DataFlow`.
 
     Every dependency stays inside its microbatch, so a step's data flow is the union of its
     microbatches' pieces, and a piece depends only on the placement, the microbatch's index and
@@ -307,7 +327,26 @@ def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> tu
                 )
         inputs[a] = ins
         outputs[a] = outs
-    return tuple(computes), inputs, outputs
+    return FlowPiece(tuple(computes), inputs, outputs)
+
+
+def flow_pieces(placement: Placement, structure: MicrobatchStructure) -> list[FlowPiece]:
+    """Per microbatch of the step, its :class:`FlowPiece` (kept for later steps)."""
+    pkey = placement.key()
+    out = []
+    counts = [structure.subs.get(e) for e in placement.encoders]
+    for m in range(structure.num_microbatches):
+        subs = tuple(0 if n is None else n[m] for n in counts)
+        pk = (pkey, m, subs)
+        piece = _pieces.get(pk)
+        if piece is None:
+            piece = _microbatch_piece(placement, m, subs)
+            with _flows_lock:
+                if len(_pieces) >= PIECES_KEPT:
+                    _pieces.clear()
+                _pieces[pk] = piece
+        out.append(piece)
+    return out
 
 
 def data_flow(placement: Placement, structure: MicrobatchStructure) -> DataFlow:
@@ -322,20 +361,10 @@ def data_flow(placement: Placement, structure: MicrobatchStructure) -> DataFlow:
     computes: list[Compute] = []
     inputs: dict[Compute, tuple] = {}
     outputs: dict[Compute, tuple] = {}
-    counts = [structure.subs.get(e) for e in placement.encoders]
-    for m in range(structure.num_microbatches):
-        subs = tuple(0 if n is None else n[m] for n in counts)
-        pk = (pkey, m, subs)
-        piece = _pieces.get(pk)
-        if piece is None:
-            piece = _microbatch_piece(placement, m, subs)
-            with _flows_lock:
-                if len(_pieces) >= PIECES_KEPT:
-                    _pieces.clear()
-                _pieces[pk] = piece
-        computes.extend(piece[0])
-        inputs.update(piece[1])
-        outputs.update(piece[2])
+    for piece in flow_pieces(placement, structure):
+        computes.extend(piece.computes)
+        inputs.update(piece.inputs)
+        outputs.update(piece.outputs)
     flow = DataFlow(tuple(computes), inputs, outputs)
     with _flows_lock:
         _flows[key] = flow

@@ -275,7 +275,6 @@ class Semu:
         tables = [self._microbatch_table(placement, i, mb) for i, mb in enumerate(microbatches)]
 
         graph = self._graph(placement, structure)
-        edge_id = graph.edge_id
         layout_key = hash(layout)
 
         def link_of(tensor: Compute, part, src: int, dst: int) -> tuple[float, float]:
@@ -306,16 +305,23 @@ class Semu:
             sends: tuple = ()
             key = a.key
             dur = c.time_s
+            m = a.microbatch
+            piece = graph.pieces[m]
             if implicit:
-                waits, remote = graph.remote[key]
+                waits, remote = piece.remote[key]
+                base = graph.edge_base[m]
+                if base and waits:
+                    waits = tuple(base + e for e in waits)
+                edges = piece.edges
                 sends = tuple(
-                    (e, (r, dst), *link_of(graph.edges[e][0], graph.edges[e][1], r, dst))
+                    (base + e, (r, dst), *link_of(edges[e][0], edges[e][1], r, dst))
                     for e, dst in remote
                 )
                 # The lowering's sends and receives, charged to the compute they belong to.
                 dur += len(sends) * (send_post + send_wait) + len(waits) * (recv_post + recv_wait)
             forward = a.kind is Kind.F
-            pair = graph.compute_id[key if forward else key.partner()]
+            # Each F/B pair's F comes right before its B in the data flow (and so in the ids).
+            pair = graph.compute_base[m] + piece.index[key] - (0 if forward else 1)
             return (COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
 
         # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
@@ -339,9 +345,11 @@ class Semu:
                     append(op)
                 elif a.is_send:
                     occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append((SEND, edge_id[a.edge], (r, a.peer), occ, lat, send_post))
+                    append(
+                        (SEND, graph.edge_of(a.tensor, a.part), (r, a.peer), occ, lat, send_post)
+                    )
                 else:
-                    append((RECV, edge_id[a.edge], recv_wait))
+                    append((RECV, graph.edge_of(a.tensor, a.part), recv_wait))
             sends = (
                 0 if implicit else sum(1 for a in actions if type(a) is not Compute and a.is_send)
             )
