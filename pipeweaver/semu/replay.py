@@ -104,6 +104,24 @@ class TransferGraph:
         return self.edge_base[m] + self.pieces[m].edge_id[(tensor, part)]
 
 
+def receive_posts(actions: Sequence) -> list[int]:
+    """Per action, the receives the runtime posts right before it: every receive not posted
+    yet up to the next send after it (``pipeweaver.runtime.executor``'s posting rule)."""
+    n = len(actions)
+    next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
+    for i in range(n - 1, -1, -1):
+        a = actions[i]
+        next_send[i] = i if type(a) is not Compute and a.is_send else next_send[i + 1]
+    posts, posted = [0] * n, 0
+    for i in range(n):
+        horizon = next_send[i + 1] if i + 1 < n else n
+        while posted < horizon:
+            a = actions[posted]
+            posts[i] += type(a) is not Compute and not a.is_send
+            posted += 1
+    return posts
+
+
 def replay(
     programs: Sequence[Sequence[tuple]],
     actions: Sequence[Sequence[Action]],

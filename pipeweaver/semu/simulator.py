@@ -46,28 +46,10 @@ from pipeweaver.semu.grad_reduce import (
 )
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache
 from pipeweaver.semu.timing import ComputeCost, TimeModel
-
-
-def _receive_posts(actions: Sequence) -> list[int]:
-    """Per action, the receives the runtime posts right before it: every receive not posted
-    yet up to the next send after it (``pipeweaver.runtime.executor``'s posting rule)."""
-    n = len(actions)
-    next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
-    for i in range(n - 1, -1, -1):
-        a = actions[i]
-        next_send[i] = i if type(a) is not Compute and a.is_send else next_send[i + 1]
-    posts, posted = [0] * n, 0
-    for i in range(n):
-        horizon = next_send[i + 1] if i + 1 < n else n
-        while posted < horizon:
-            a = actions[posted]
-            posts[i] += type(a) is not Compute and not a.is_send
-            posted += 1
-    return posts
 
 
 class Semu:
@@ -333,7 +315,7 @@ class Semu:
             # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
-            posts = _receive_posts(actions) if recv_post and not implicit else None
+            posts = receive_posts(actions) if recv_post and not implicit else None
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
                     append((HOST, posts[i] * recv_post))
