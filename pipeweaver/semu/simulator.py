@@ -48,7 +48,7 @@ from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
-from pipeweaver.semu.reuse import ReuseCache
+from pipeweaver.semu.reuse import ReuseCache, collector_paused
 from pipeweaver.semu.timing import ComputeCost, TimeModel
 
 
@@ -393,6 +393,7 @@ class Semu:
             t += host.get("feature_s_per_element", 0.0) * feats
         return t * self.cost.slowdown
 
+    @collector_paused()
     def simulate_step(
         self,
         schedules: Schedule | Sequence[Schedule],
