@@ -267,6 +267,13 @@ class FlowPiece:
         self.derived: dict = {}
 
 
+def clear_flow_caches() -> None:
+    """Forget every kept :class:`DataFlow` and :class:`FlowPiece` (benchmarks time cold steps)."""
+    with _flows_lock:
+        _flows.clear()
+        _pieces.clear()
+
+
 def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> FlowPiece:
     """One microbatch's share of a :class:`DataFlow`.
 
