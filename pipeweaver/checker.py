@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
 from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow
-from pipeweaver.ir import Comm, Compute, Kind, ScheduleError
+from pipeweaver.ir import Comm, CommOp, Compute, Kind, Memory, ScheduleError
 from pipeweaver.schedule import Schedule
 
 __all__ = ["CheckReport", "ScheduleError", "check"]
@@ -89,6 +89,54 @@ def check(
     # the schedule); a compute not in it is checked by check_compute, which names its fault.
     flow = data_flow(placement, structure)
 
+    # A schedule that passes checks 1-4 (as every generated one does) is confirmed in one pass;
+    # otherwise the checks run one by one, so that the first failure is the one reported.
+    if not _valid_actions(schedule, flow):
+        _check_actions(schedule, flow)
+
+    # 5. deadlock replay.
+    rounds = _replay(ranks, semantics)
+
+    # 6. memory.
+    report = CheckReport(num_actions=sum(len(a) for a in ranks), rounds=rounds)
+    if activation_bytes is not None or memory_cap is not None:
+        if activation_bytes is None:
+            raise ValueError("memory_cap needs activation_bytes")
+        caps = (
+            [memory_cap] * schedule.num_ranks
+            if isinstance(memory_cap, (int, float)) or memory_cap is None
+            else list(memory_cap)
+        )
+        static = list(static_bytes) if static_bytes is not None else [0] * schedule.num_ranks
+        for r, actions in enumerate(ranks):
+            alive = 0
+            peak = 0
+            kept: dict[Compute, int] = {}
+            for i, a in enumerate(actions):
+                if not isinstance(a, Compute):
+                    continue
+                if a.kind is Kind.F:
+                    kept[a.key] = int(activation_bytes(a))
+                    alive += kept[a.key]
+                    peak = max(peak, alive)
+                    if caps[r] is not None and static[r] + alive > caps[r]:
+                        raise ScheduleError(
+                            f"activation memory reaches {static[r] + alive} bytes (static "
+                            f"{static[r]}), over the cap of {caps[r]}",
+                            r,
+                            i,
+                            a,
+                        )
+                else:
+                    alive -= kept.pop(a.key.partner(), 0)
+            report.peak_activation_bytes.append(peak)
+    return report
+
+
+def _check_actions(schedule: Schedule, flow) -> None:
+    """Checks 1-4, in order: raise :class:`ScheduleError` at the first failure."""
+    placement, structure = schedule.placement, schedule.structure
+    ranks = schedule.actions
     # 1. computes: valid, placed, unique, complete; memory strategies paired.
     seen: dict[Compute, tuple[int, int, Compute]] = {}
     for r, actions in enumerate(ranks):
@@ -243,43 +291,85 @@ def check(
                     s,
                 )
 
-    # 5. deadlock replay.
-    rounds = _replay(ranks, semantics)
 
-    # 6. memory.
-    report = CheckReport(num_actions=sum(len(a) for a in ranks), rounds=rounds)
-    if activation_bytes is not None or memory_cap is not None:
-        if activation_bytes is None:
-            raise ValueError("memory_cap needs activation_bytes")
-        caps = (
-            [memory_cap] * schedule.num_ranks
-            if isinstance(memory_cap, (int, float)) or memory_cap is None
-            else list(memory_cap)
-        )
-        static = list(static_bytes) if static_bytes is not None else [0] * schedule.num_ranks
-        for r, actions in enumerate(ranks):
-            alive = 0
-            peak = 0
-            kept: dict[Compute, int] = {}
-            for i, a in enumerate(actions):
-                if not isinstance(a, Compute):
-                    continue
-                if a.kind is Kind.F:
-                    kept[a.key] = int(activation_bytes(a))
-                    alive += kept[a.key]
-                    peak = max(peak, alive)
-                    if caps[r] is not None and static[r] + alive > caps[r]:
-                        raise ScheduleError(
-                            f"activation memory reaches {static[r] + alive} bytes (static "
-                            f"{static[r]}), over the cap of {caps[r]}",
-                            r,
-                            i,
-                            a,
-                        )
-                else:
-                    alive -= kept.pop(a.key.partner(), 0)
-            report.peak_activation_bytes.append(peak)
-    return report
+def _valid_actions(schedule: Schedule, flow) -> bool:
+    """Whether checks 1-4 all pass, in one walk over the actions (False: at least one fails,
+    or the walk cannot tell; :func:`_check_actions` then finds which).
+
+    The same conditions as :func:`_check_actions`, gathered per action instead of per check:
+    each rank's computes and receives so far, each compute's home rank from its chunk, each
+    transfer's consumer ranks once, and per ordered pair of ranks the sent and received
+    transfers, which must be the same list without repeats.
+    """
+    placement = schedule.placement
+    n = schedule.num_ranks
+    home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
+    inputs, outputs = flow.inputs, flow.outputs
+    none = Memory.NONE
+    F = Kind.F
+    seen: set = set()
+    memory_of: dict[Compute, Memory] = {}
+    consumer_ranks_of: dict[tuple, frozenset[int]] = {}
+    sent: dict[tuple[int, int], list] = defaultdict(list)
+    received: dict[tuple[int, int], list] = defaultdict(list)
+    for r, actions in enumerate(schedule.actions):
+        have: set = set()  # computes run here, and (tensor, part) received here
+        for a in actions:
+            t = type(a)
+            if t is Compute:
+                key = a if a.memory is none else a.key
+                ins = inputs.get(key)
+                if ins is None or key in seen:
+                    return False
+                chunks = home.get(a.module)
+                if chunks is None or a.chunk >= len(chunks) or chunks[a.chunk] != r:
+                    return False
+                if a.kind is not F:
+                    f = key.partner()
+                    if f not in have:  # its F runs on this rank (same chunk), earlier
+                        return False
+                    if memory_of[f] is not a.memory:
+                        return False
+                for producer, part in ins:
+                    if home[producer.module][producer.chunk] == r:
+                        if producer not in have:
+                            return False
+                    elif (producer, part) not in have:
+                        return False
+                seen.add(key)
+                have.add(key)
+                memory_of[key] = a.memory
+                continue
+            if t is not Comm:
+                return False
+            peer, tensor, part = a.peer, a.tensor, a.part
+            if peer == r or peer >= n:
+                return False
+            edge = (tensor, part)
+            consumer_ranks = consumer_ranks_of.get(edge)
+            if consumer_ranks is None:
+                cons = outputs.get(tensor)
+                if cons is None:
+                    return False
+                consumer_ranks = consumer_ranks_of[edge] = frozenset(
+                    home[c.module][c.chunk] for c, p in cons if p == part
+                )
+            producer_rank = home[tensor.module][tensor.chunk]
+            if a.op is CommOp.SEND:
+                if producer_rank != r or tensor not in have or peer not in consumer_ranks:
+                    return False
+                sent[(r, peer)].append(edge)
+            else:
+                if producer_rank != peer or r not in consumer_ranks:
+                    return False
+                have.add(edge)
+                received[(peer, r)].append(edge)
+    if len(seen) != len(flow.computes) or sent.keys() != received.keys():
+        return False
+    for pair, edges in sent.items():
+        if edges != received[pair] or len(set(edges)) != len(edges):
+            return False
+    return True
 
 
 def _replay(ranks: Sequence[Sequence], semantics: str) -> int:

@@ -239,24 +239,140 @@ FLOWS_KEPT = 4
 """How many steps' :class:`DataFlow` :func:`data_flow` keeps (most recently used): a
 schedule is made, lowered, checked and simulated in a row, and the simulator keeps its own."""
 
+PIECES_KEPT = 100_000
+"""How many microbatches' pieces of a data flow :func:`data_flow` keeps (cleared past it)."""
+
 _flows: OrderedDict[tuple, DataFlow] = OrderedDict()
 _flows_lock = threading.Lock()  # the trainer plans the next batch's schedule in a thread
+_pieces: dict[tuple, "FlowPiece"] = {}
+
+
+class FlowPiece:
+    """One microbatch's share of a :class:`DataFlow` (shared, never modified).
+
+    Attributes:
+        computes: the microbatch's computes in :func:`all_computes` order.
+        inputs: per compute, :func:`data_inputs`.
+        outputs: per compute, :func:`consumers`.
+        derived: what users of the piece derive from it once for all the steps that share it
+            (``pipeweaver.semu.replay``'s transfer ids), by the user's name.
+    """
+
+    __slots__ = ("computes", "inputs", "outputs", "derived")
+
+    def __init__(self, computes: tuple, inputs: dict, outputs: dict):
+        self.computes = computes
+        self.inputs = inputs
+        self.outputs = outputs
+        self.derived: dict = {}
+
+
+def clear_flow_caches() -> None:
+    """Forget every kept :class:`DataFlow` and :class:`FlowPiece` (benchmarks time cold steps)."""
+    with _flows_lock:
+        _flows.clear()
+        _pieces.clear()
+
+
+def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> FlowPiece:
+    """One microbatch's share of a :class:`DataFlow`.
+
+    Every dependency stays inside its microbatch, so a step's data flow is the union of its
+    microbatches' pieces, and a piece depends only on the placement, the microbatch's index and
+    its encoders' sub counts (``subs``, in :attr:`Placement.encoders` order). DP replicas share
+    most pieces; each piece makes its computes once and lists the same objects as inputs and
+    consumers, so the lookups that follow find them by identity. The entries equal
+    :func:`data_inputs` and :func:`consumers` (their rules, without their checks: every compute
+    listed exists).
+    """
+    encoders = placement.encoders
+    n_subs = dict(zip(encoders, subs))
+    made: dict[tuple, Compute] = {}
+    computes = []
+    for module in placement.modules:
+        for s in range(1 if module == "llm" else n_subs[module]):
+            for c in range(placement.num_chunks(module)):
+                for kind in (Kind.F, Kind.B):
+                    a = made[(module, c, kind, s)] = Compute(module, c, kind, m, s)
+                    computes.append(a)
+    inputs: dict[Compute, tuple] = {}
+    outputs: dict[Compute, tuple] = {}
+    F, B = Kind.F, Kind.B
+    llm_f0, llm_b0 = made[("llm", 0, F, 0)], made[("llm", 0, B, 0)]
+    for a in computes:
+        module, c, s = a.module, a.chunk, a.sub
+        last = placement.num_chunks(module) - 1
+        if a.kind is F:
+            if c > 0:
+                ins = ((made[(module, c - 1, F, s)], None),)
+            elif module != "llm":
+                ins = ()
+            else:
+                ins = tuple(
+                    (made[(e, placement.num_chunks(e) - 1, F, k)], None)
+                    for e in encoders
+                    for k in range(n_subs[e])
+                )
+            if c < last:
+                outs = ((made[(module, c + 1, F, s)], None),)
+            else:
+                outs = () if module == "llm" else ((llm_f0, None),)
+        else:
+            if c < last:
+                ins = ((made[(module, c + 1, B, s)], None),)
+            else:
+                ins = () if module == "llm" else ((llm_b0, (module, s)),)
+            if c > 0:
+                outs = ((made[(module, c - 1, B, s)], None),)
+            elif module != "llm":
+                outs = ()
+            else:
+                outs = tuple(
+                    (made[(e, placement.num_chunks(e) - 1, B, k)], (e, k))
+                    for e in encoders
+                    for k in range(n_subs[e])
+                )
+        inputs[a] = ins
+        outputs[a] = outs
+    return FlowPiece(tuple(computes), inputs, outputs)
+
+
+def flow_pieces(placement: Placement, structure: MicrobatchStructure) -> list[FlowPiece]:
+    """Per microbatch of the step, its :class:`FlowPiece` (kept for later steps)."""
+    pkey = placement.key()
+    out = []
+    counts = [structure.subs.get(e) for e in placement.encoders]
+    for m in range(structure.num_microbatches):
+        subs = tuple(0 if n is None else n[m] for n in counts)
+        pk = (pkey, m, subs)
+        piece = _pieces.get(pk)
+        if piece is None:
+            piece = _microbatch_piece(placement, m, subs)
+            with _flows_lock:
+                if len(_pieces) >= PIECES_KEPT:
+                    _pieces.clear()
+                _pieces[pk] = piece
+        out.append(piece)
+    return out
 
 
 def data_flow(placement: Placement, structure: MicrobatchStructure) -> DataFlow:
     """The :class:`DataFlow` of a placement and structure (kept for the last few asked)."""
-    key = (placement.key(), structure.key())
+    pkey = placement.key()
+    key = (pkey, structure.key())
     with _flows_lock:
         flow = _flows.get(key)
         if flow is not None:
             _flows.move_to_end(key)
             return flow
-    computes = tuple(all_computes(placement, structure))
-    flow = DataFlow(
-        computes,
-        {a: tuple(data_inputs(a, placement, structure)) for a in computes},
-        {a: tuple(consumers(a, placement, structure)) for a in computes},
-    )
+    computes: list[Compute] = []
+    inputs: dict[Compute, tuple] = {}
+    outputs: dict[Compute, tuple] = {}
+    for piece in flow_pieces(placement, structure):
+        computes.extend(piece.computes)
+        inputs.update(piece.inputs)
+        outputs.update(piece.outputs)
+    flow = DataFlow(tuple(computes), inputs, outputs)
     with _flows_lock:
         _flows[key] = flow
         if len(_flows) > FLOWS_KEPT:

@@ -53,17 +53,27 @@ def flops_durations(
         microbatches: the step's microbatches, indexed by :attr:`Compute.microbatch`.
     """
 
+    # A forward's FLOPs depend on its microbatch's sequences and its chunk's layers, not on the
+    # chunk itself: a microbatch's equal chunks and each backward share one evaluation.
+    forwards: dict[tuple, float] = {}
+
     def duration(compute: Compute) -> float:
-        mb = microbatches[compute.microbatch]
-        lens, rows = mb.compute_sequences(compute.module, compute.sub)
-        start, stop = placement.layer_range(compute.module, compute.chunk)
-        t = shape.llm if compute.module == "llm" else shape.encoders[compute.module]
-        flops = t.forward_flops(lens, layers=stop - start)
-        tokens = sum(lens)
-        if compute.module != "llm" and start == 0:
-            flops += tokens * t.input_flops_per_token
-        if stop == placement.num_layers(compute.module):
-            flops += (tokens if compute.module == "llm" else rows) * t.output_flops_per_token
+        module, sub = compute.module, compute.sub
+        start, stop = placement.layer_range(module, compute.chunk)
+        last = stop == placement.num_layers(module)
+        key = (compute.microbatch, module, sub, stop - start, start == 0, last)
+        flops = forwards.get(key)
+        if flops is None:
+            mb = microbatches[compute.microbatch]
+            lens, rows = mb.compute_sequences(module, sub)
+            t = shape.llm if module == "llm" else shape.encoders[module]
+            flops = t.forward_flops(lens, layers=stop - start)
+            tokens = sum(lens)
+            if module != "llm" and start == 0:
+                flops += tokens * t.input_flops_per_token
+            if last:
+                flops += (tokens if module == "llm" else rows) * t.output_flops_per_token
+            forwards[key] = flops
         return flops * (2.0 if compute.kind is Kind.B else 1.0)
 
     return duration
@@ -309,9 +319,12 @@ def _interleave(
     # start is the latest of their ends (plus a hop). The F of a B is its neighbour before it
     # (DataFlow.computes lists each F/B pair side by side, F first).
     needs: list[tuple[int, ...]] = []
+    inputs = flow.inputs
     for i, a in enumerate(computes):
-        producers = tuple(index[p] for p, _ in flow.inputs[a])
-        needs.append((i - 1, *producers) if a.kind is Kind.B else producers)
+        producers = [index[p] for p, _ in inputs[a]]
+        if a.kind is Kind.B:
+            producers.insert(0, i - 1)
+        needs.append(tuple(producers))
     missing = [len(deps) for deps in needs]
     dependents: list[list[int]] = [[] for _ in computes]
     for i, deps in enumerate(needs):
@@ -361,13 +374,19 @@ def _interleave(
     def candidates(r: int) -> tuple | None:
         """``(start, forward, backward)``: when rank ``r`` can start its next compute, and the
         queues' best entries it chooses from (None for a queue it may not or cannot use)."""
-        throttled = caps is not None and used[r] > caps[r]
-        kinds = (Kind.B,) if throttled and queues[r][Kind.B] else (Kind.F, Kind.B)
-        fw = best(r, Kind.F, t_last[r]) if Kind.F in kinds else None
-        bw = best(r, Kind.B, t_last[r])
-        if fw is None and bw is None:
-            return None
-        return max(t_last[r], min(e[0] for e in (fw, bw) if e is not None)), fw, bw
+        now = t_last[r]
+        throttled = caps is not None and used[r] > caps[r] and queues[r][Kind.B]
+        fw = None if throttled else best(r, Kind.F, now)
+        bw = best(r, Kind.B, now)
+        if fw is None:
+            if bw is None:
+                return None
+            first = bw[0]
+        elif bw is None or fw[0] <= bw[0]:
+            first = fw[0]
+        else:
+            first = bw[0]
+        return (first if first > now else now), fw, bw
 
     # A rank's candidates change only when its queues, clock or memory do: they are kept
     # between steps, except under a hard limit (the window moves with every backward).
@@ -397,10 +416,14 @@ def _interleave(
         (start, fw, bw), r = choice
         stale.add(r)
         now = t_last[r]
-        if fw is not None and bw is not None and fw[0] <= now and bw[0] <= now:
+        if fw is None:
+            entry = bw
+        elif bw is None:
+            entry = fw
+        elif fw[0] <= now and bw[0] <= now:
             entry = bw if last_kind[r] is Kind.F else fw
-        else:
-            entry = min((e for e in (fw, bw) if e is not None), key=lambda e: (e[0], e[1]))
+        else:  # the one that can start first; on a tie, the higher priority (min's choice)
+            entry = bw if (bw[0], bw[1]) < (fw[0], fw[1]) else fw
         a, i = entry[2], entry[3]
         queues[r][a.kind].remove(entry)
         begin = max(now, entry[0])

@@ -274,6 +274,21 @@ class Comm:
     def __hash__(self) -> int:
         return self._hash
 
+    @classmethod
+    def trusted(cls, op: CommOp, peer: int, tensor: Compute, part: Part | None) -> "Comm":
+        """The comm of these fields, without the constructor's checks and coercions, for
+        callers that take them from a step's data flow (the lowering makes one per transfer
+        end): ``op`` a :class:`CommOp`, ``tensor`` without a memory strategy, ``part`` a tuple
+        exactly where the tensor is LLM chunk 0's input gradient."""
+        c = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(c, "op", op)
+        setattr_(c, "peer", peer)
+        setattr_(c, "tensor", tensor)
+        setattr_(c, "part", part)
+        setattr_(c, "_hash", hash((op._value_, peer, tensor, part)))
+        return c
+
     @property
     def is_send(self) -> bool:
         """Whether this is a send."""

@@ -40,7 +40,8 @@ def lower(schedule: Schedule) -> Schedule:
     flow = data_flow(placement, structure)
     # When the schedule runs exactly the step's computes (as many, each one of them), every
     # producer is scheduled: the per-input check below is skipped.
-    if len(where) != len(flow.computes) or not all(a in flow.inputs for a in where):
+    complete = len(where) == len(flow.computes) and all(a in flow.inputs for a in where)
+    if not complete:
         for r, computes in enumerate(order):
             for i, a in enumerate(computes):
                 for producer, _ in data_inputs(a, placement, structure):
@@ -53,29 +54,38 @@ def lower(schedule: Schedule) -> Schedule:
     sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)  # (src, dst) -> edges in order
     # (dst, tensor, part) -> position on dst of the first consumer there of that part
     first_use: dict[tuple, int] = {}
-    rank_of = placement.rank_of
+    home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
     outputs = flow.outputs
+    send, recv = CommOp.SEND, CommOp.RECV
+    # The comms of a complete step are made from its data flow's own computes and parts: valid
+    # by construction, so they skip the constructor's checks.
+    trusted = Comm.trusted if complete else None
     for r, computes in enumerate(order):
+        out_r = out[r]
         for a in computes:
-            out[r].append(a)
-            remote = []
-            listed = outputs.get(a.key)
+            out_r.append(a)
+            key = a.key
+            listed = outputs.get(key)
             if listed is None:  # not a compute of this step: consumers names what it lacks
                 listed = consumers(a, placement, structure)
+            remote = []
             for consumer, part in listed:
-                dst = rank_of(consumer.module, consumer.chunk)
+                dst = home[consumer.module][consumer.chunk]
                 if dst == r:
                     continue
-                if consumer not in where:
+                at = where.get(consumer)
+                if at is None:
                     raise ScheduleError(
                         f"its consumer {consumer} is not scheduled on any rank", r, None, a
                     )
-                pos = where[consumer][1]
-                remote.append((dst, pos, part))
-                first_use.setdefault((dst, a.key, part), pos)
-            for dst, _, part in remote:
-                out[r].append(Comm(CommOp.SEND, dst, a.key, part))
-                sent[(r, dst)].append((a.key, part))
+                pos = at[1]
+                remote.append((dst, part))
+                first_use.setdefault((dst, key, part), pos)
+            for dst, part in remote:
+                out_r.append(
+                    trusted(send, dst, key, part) if trusted else Comm(send, dst, key, part)
+                )
+                sent[(r, dst)].append((key, part))
 
     # Receives: latest position = right before the first consumer; then pulled earlier so that
     # each pair's receives follow its sends' order.
@@ -84,16 +94,21 @@ def lower(schedule: Schedule) -> Schedule:
         positions = [first_use[(dst, tensor, part)] for tensor, part in edges]
         for k in range(len(positions) - 2, -1, -1):
             positions[k] = min(positions[k], positions[k + 1])
+        before = recvs_before[dst]
         for (tensor, part), pos in zip(edges, positions):
-            recvs_before[dst][pos].append(Comm(CommOp.RECV, src, tensor, part))
+            c = trusted(recv, src, tensor, part) if trusted else Comm(recv, src, tensor, part)
+            before[pos].append(c)
 
     final = []
     for r, computes in enumerate(order):
         lst = []
         ci = 0
+        before = recvs_before[r]
         for a in out[r]:
-            if isinstance(a, Compute):
-                lst.extend(recvs_before[r].get(ci, ()))
+            if type(a) is Compute:
+                got = before.get(ci)
+                if got:
+                    lst.extend(got)
                 ci += 1
             lst.append(a)
         final.append(tuple(lst))

@@ -46,6 +46,7 @@ from pipeweaver.ir import Compute, Kind, Memory
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, pack_microbatch
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
+from pipeweaver.semu.reuse import collector_paused
 from pipeweaver.semu.simulator import Semu
 
 TOKEN_ID_BYTES = 8.0
@@ -195,6 +196,7 @@ def sample_balanced_batches(
     return BalancedBatches(samples, mbs, exchange, plan)
 
 
+@collector_paused()
 def phase_balanced_batches(
     semu: Semu,
     metadata: GatheredMetadata,
@@ -258,6 +260,7 @@ def phase_balanced_batches(
     return BalancedBatches(samples, mbs, exchange, plan, enc_work)
 
 
+@collector_paused()
 def simulate_phase_balanced(
     semu: Semu, batches: BalancedBatches, memory: Memory = Memory.NONE, record_events: bool = True
 ) -> StepPrediction:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pipeweaver.dataflow import MicrobatchStructure, data_flow
+from pipeweaver.dataflow import FlowPiece, MicrobatchStructure, flow_pieces
 from pipeweaver.ir import Action, Compute, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.semu.results import Event, PipelineResult
@@ -31,44 +31,95 @@ COMPUTE, SEND, RECV, HOST = 0, 1, 2, 3
 """Op codes of a compiled program."""
 
 
-class TransferGraph:
-    """The data flow of one (placement, structure) with integer ids, for the replay.
+class _PieceTransfers:
+    """One microbatch's transfers with ids from 0 (a :class:`TransferGraph` adds the
+    microbatch's offsets), made once per data-flow piece and shared by every step with it."""
 
-    Attributes:
-        compute_id: compute -> index.
-        edges: the cross-rank transfers ``(tensor, part)``.
-        edge_id: transfer -> its index in ``edges``.
-        remote: compute -> (ids of the transfers it waits for, its outgoing
-            ``(transfer id, destination rank)``).
-    """
+    __slots__ = ("index", "edges", "edge_id", "remote")
 
-    def __init__(self, placement: Placement, structure: MicrobatchStructure):
-        self.compute_id: dict[Compute, int] = {}
+    def __init__(self, placement: Placement, piece: FlowPiece):
+        computes = piece.computes
+        self.index: dict[Compute, int] = dict(zip(computes, range(len(computes))))
         self.edges: list[tuple[Compute, Any]] = []
         self.edge_id: dict[tuple[Compute, Any], int] = {}
         self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        flow = data_flow(placement, structure)  # listed once, shared with the checker
-        computes = flow.computes
-        for a in computes:
-            self.compute_id[a] = len(self.compute_id)
-            r = placement.rank_of(a.module, a.chunk)
-            for consumer, part in flow.outputs[a]:
-                if placement.rank_of(consumer.module, consumer.chunk) != r:
-                    self.edge_id[(a, part)] = len(self.edges)
-                    self.edges.append((a, part))
-        for a in computes:
-            r = placement.rank_of(a.module, a.chunk)
-            waits = tuple(
-                self.edge_id[(p, part)]
-                for p, part in flow.inputs[a]
-                if placement.rank_of(p.module, p.chunk) != r
-            )
-            sends = tuple(
-                (self.edge_id[(a, part)], placement.rank_of(c.module, c.chunk))
-                for c, part in flow.outputs[a]
-                if placement.rank_of(c.module, c.chunk) != r
-            )
-            self.remote[a] = (waits, sends)
+        home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
+        ranks = [home[a.module][a.chunk] for a in computes]
+        edges, edge_id = self.edges, self.edge_id
+        sends_of = []
+        for a, r in zip(computes, ranks):
+            sends = []
+            for consumer, part in piece.outputs[a]:
+                dst = home[consumer.module][consumer.chunk]
+                if dst != r:
+                    e = (a, part)
+                    edge_id[e] = len(edges)
+                    sends.append((len(edges), dst))
+                    edges.append(e)
+            sends_of.append(tuple(sends))
+        for a, r, sends in zip(computes, ranks, sends_of):
+            waits = []
+            for p, part in piece.inputs[a]:
+                if home[p.module][p.chunk] != r:
+                    waits.append(edge_id[(p, part)])
+            self.remote[a] = (tuple(waits), sends)
+
+
+class TransferGraph:
+    """The data flow of one (placement, structure) with integer ids, for the replay.
+
+    Computes and cross-rank transfers are numbered in the data flow's order; as every
+    dependency stays inside its microbatch, a microbatch's ids are its piece's ids (the
+    :class:`_PieceTransfers` of its :class:`~pipeweaver.dataflow.FlowPiece`, computed once
+    for every step that shares it) plus the microbatch's offsets.
+
+    Attributes:
+        pieces: per microbatch, its transfers with ids from 0.
+        compute_base: per microbatch, the id of its first compute.
+        edge_base: per microbatch, the id of its first transfer.
+        num_computes: computes of the step.
+        num_edges: cross-rank transfers of the step.
+    """
+
+    def __init__(self, placement: Placement, structure: MicrobatchStructure):
+        self.pieces: list[_PieceTransfers] = []
+        self.compute_base: list[int] = []
+        self.edge_base: list[int] = []
+        n_computes = n_edges = 0
+        for piece in flow_pieces(placement, structure):
+            transfers = piece.derived.get("transfers")
+            if transfers is None:
+                transfers = piece.derived["transfers"] = _PieceTransfers(placement, piece)
+            self.pieces.append(transfers)
+            self.compute_base.append(n_computes)
+            self.edge_base.append(n_edges)
+            n_computes += len(transfers.index)
+            n_edges += len(transfers.edges)
+        self.num_computes = n_computes
+        self.num_edges = n_edges
+
+    def edge_of(self, tensor: Compute, part) -> int:
+        """The id of the transfer of ``(tensor, part)``."""
+        m = tensor.microbatch
+        return self.edge_base[m] + self.pieces[m].edge_id[(tensor, part)]
+
+
+def receive_posts(actions: Sequence) -> list[int]:
+    """Per action, the receives the runtime posts right before it: every receive not posted
+    yet up to the next send after it (``pipeweaver.runtime.executor``'s posting rule)."""
+    n = len(actions)
+    next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
+    for i in range(n - 1, -1, -1):
+        a = actions[i]
+        next_send[i] = i if type(a) is not Compute and a.is_send else next_send[i + 1]
+    posts, posted = [0] * n, 0
+    for i in range(n):
+        horizon = next_send[i + 1] if i + 1 < n else n
+        while posted < horizon:
+            a = actions[posted]
+            posts[i] += type(a) is not Compute and not a.is_send
+            posted += 1
+    return posts
 
 
 def replay(
@@ -97,8 +148,8 @@ def replay(
     alive = [0.0] * n
     peak = [0.0] * n
     last_end = list(start)
-    kept = [0.0] * len(graph.compute_id)
-    arrivals: list = [None] * len(graph.edges)
+    kept = [0.0] * graph.num_computes
+    arrivals: list = [None] * graph.num_edges
     parked: dict = {}
     link_free: dict[tuple[int, int], float] = {}
     events: list[Event] = []

@@ -25,9 +25,11 @@ One :class:`ReuseCache` can be shared by many simulator instances of the same co
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 
 @dataclass
@@ -86,3 +88,20 @@ class ReuseCache:
         """Zero the hit counters (keeps the entries)."""
         self.hits.clear()
         self.misses.clear()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (back on after it, if it was on).
+
+    Building and simulating a step makes millions of small acyclic objects (actions, op
+    tuples, events), which reference counting frees; each collection the allocations trigger
+    scans every live one again, about a tenth of a 2,560-GPU step. Results do not change.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -25,6 +25,7 @@ from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import MicrobatchMeta, pack_microbatch, step_microbatches, structure_of
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.reuse import collector_paused
 from pipeweaver.semu.work import ModelCosts
 
 SCHEDULES: tuple[str, ...] = ("megatron", "1f1b", "interleaved", "none", "dataflow", "dynamic")
@@ -101,6 +102,7 @@ def placement_kind(schedule: str, placement: str | None = None) -> str:
     return placement or ("interleaved" if schedule in ("dataflow", "dynamic") else "baseline")
 
 
+@collector_paused()
 def build_step(
     spec: ModelSpec,
     cluster: ClusterSpec,

@@ -46,28 +46,10 @@ from pipeweaver.semu.grad_reduce import (
 )
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
-from pipeweaver.semu.reuse import ReuseCache
+from pipeweaver.semu.reuse import ReuseCache, collector_paused
 from pipeweaver.semu.timing import ComputeCost, TimeModel
-
-
-def _receive_posts(actions: Sequence) -> list[int]:
-    """Per action, the receives the runtime posts right before it: every receive not posted
-    yet up to the next send after it (``pipeweaver.runtime.executor``'s posting rule)."""
-    n = len(actions)
-    next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
-    for i in range(n - 1, -1, -1):
-        a = actions[i]
-        next_send[i] = i if type(a) is not Compute and a.is_send else next_send[i + 1]
-    posts, posted = [0] * n, 0
-    for i in range(n):
-        horizon = next_send[i + 1] if i + 1 < n else n
-        while posted < horizon:
-            a = actions[posted]
-            posts[i] += type(a) is not Compute and not a.is_send
-            posted += 1
-    return posts
 
 
 class Semu:
@@ -115,6 +97,7 @@ class Semu:
         self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
         self._fp = (self.cost.fingerprint(), compute_cost_fn)
+        self._facts: tuple = (None, {})
 
     # ---------------------------------------------------------------- compute costs
 
@@ -122,32 +105,48 @@ class Semu:
         """Cost of one compute of one microbatch (through the subgraph cache)."""
         if self.compute_cost_fn is not None:
             return self.compute_cost_fn(placement, a, mb)
-        start, stop = placement.layer_range(a.module, a.chunk)
-        lens, rows = mb.compute_sequences(a.module, a.sub)
-        if stop != placement.num_layers(a.module):
+        return self._cost(self._chunk_facts(placement)[(a.module, a.chunk)], a, mb, {})
+
+    def _chunk_facts(self, placement: Placement) -> dict[tuple[str, int], tuple]:
+        """Per ``(module, chunk)``: its layers ``(start, stop)``, whether it holds the module's
+        last layer, whether the model's module ends there (the subgraph key's facts); kept for
+        the last placement asked (the same object is asked for every compute of a step)."""
+        if self._facts[0] is placement:
+            return self._facts[1]
+        facts = {}
+        for module, cps in placement.chunks.items():
+            n_layers = self.spec.shape.module(module).num_layers
+            last = placement.num_layers(module)
+            for c, cp in enumerate(cps):
+                facts[(module, c)] = (cp.start, cp.stop, cp.stop == last, cp.stop == n_layers)
+        self._facts = (placement, facts)
+        return facts
+
+    def _cost(self, facts: tuple, a: Compute, mb: MicrobatchMeta, seqs: dict) -> ComputeCost:
+        """:meth:`compute_cost` with the chunk's ``facts`` (:meth:`_chunk_facts`) and ``seqs``,
+        a memo of ``(microbatch, module, sub) -> (sequences, sorted, rows, parts)`` for the
+        microbatch ``mb`` is (a microbatch's chunks share their sequences)."""
+        start, stop, projects, ends = facts
+        module = a.module
+        k = (a.microbatch, module, a.sub)
+        got = seqs.get(k)
+        if got is None:
+            lens, rows = mb.compute_sequences(module, a.sub)
+            # LLM chunk 0 joins every encoder sub's rows (and splits their gradient).
+            parts = sum(len(s) for s in mb.encoders.values()) if module == "llm" else 0
+            got = seqs[k] = (lens, tuple(sorted(lens)), rows, parts)
+        lens, ordered, rows, parts = got
+        if not projects:
             rows = 0  # only an encoder's last chunk projects rows
-        n_layers = self.spec.shape.module(a.module).num_layers
-        # LLM chunk 0 joins every encoder sub's rows (and splits their gradient).
-        parts = sum(len(s) for s in mb.encoders.values()) if a.module == "llm" and not start else 0
-        key = (
-            self._fp,
-            a.module,
-            stop - start,
-            start == 0,
-            stop == n_layers,
-            a.kind.value,
-            a.memory.value,
-            tuple(sorted(lens)),
-            rows,
-            parts,
-        )
+        if start:
+            parts = 0
+        kind, memory = a.kind.value, a.memory.value
+        key = (self._fp, module, stop - start, start == 0, ends, kind, memory, ordered, rows, parts)
 
         def cost() -> ComputeCost:
-            c = self.cost.compute_cost(
-                a.module, start, stop, a.kind.value, a.memory.value, lens, rows
-            )
-            join = self.cost.join_time(a.kind.value, parts)
-            if a.kind is Kind.B and a.memory.value == "recompute":
+            c = self.cost.compute_cost(module, start, stop, kind, memory, lens, rows)
+            join = self.cost.join_time(kind, parts)
+            if a.kind is Kind.B and memory == "recompute":
                 join += self.cost.join_time("F", parts)  # the rerun forward joins again
             return ComputeCost(c.time_s + join, c.kept_bytes, c.transient_bytes) if join else c
 
@@ -258,7 +257,6 @@ class Semu:
         tables = [self._microbatch_table(placement, i, mb) for i, mb in enumerate(microbatches)]
 
         graph = self._graph(placement, structure)
-        edge_id = graph.edge_id
         layout_key = hash(layout)
 
         def link_of(tensor: Compute, part, src: int, dst: int) -> tuple[float, float]:
@@ -277,22 +275,35 @@ class Semu:
         recv_post = host.get("recv_post_s", 0.0) * slow
         recv_wait = host.get("recv_wait_s", 0.0) * slow
 
+        facts = self._chunk_facts(placement)
+        seqs: dict = {}
+
         def compile_compute(a: Compute, r: int) -> tuple:
-            c = self.compute_cost(placement, a, microbatches[a.microbatch])
+            if self.compute_cost_fn is not None:
+                c = self.compute_cost_fn(placement, a, microbatches[a.microbatch])
+            else:
+                c = self._cost(facts[(a.module, a.chunk)], a, microbatches[a.microbatch], seqs)
             waits: tuple = ()
             sends: tuple = ()
             key = a.key
             dur = c.time_s
+            m = a.microbatch
+            piece = graph.pieces[m]
             if implicit:
-                waits, remote = graph.remote[key]
+                waits, remote = piece.remote[key]
+                base = graph.edge_base[m]
+                if base and waits:
+                    waits = tuple(base + e for e in waits)
+                edges = piece.edges
                 sends = tuple(
-                    (e, (r, dst), *link_of(graph.edges[e][0], graph.edges[e][1], r, dst))
+                    (base + e, (r, dst), *link_of(edges[e][0], edges[e][1], r, dst))
                     for e, dst in remote
                 )
                 # The lowering's sends and receives, charged to the compute they belong to.
                 dur += len(sends) * (send_post + send_wait) + len(waits) * (recv_post + recv_wait)
             forward = a.kind is Kind.F
-            pair = graph.compute_id[key if forward else key.partner()]
+            # Each F/B pair's F comes right before its B in the data flow (and so in the ids).
+            pair = graph.compute_base[m] + piece.index[key] - (0 if forward else 1)
             return (COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
 
         # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
@@ -304,7 +315,7 @@ class Semu:
             # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
-            posts = _receive_posts(actions) if recv_post and not implicit else None
+            posts = receive_posts(actions) if recv_post and not implicit else None
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
                     append((HOST, posts[i] * recv_post))
@@ -316,9 +327,11 @@ class Semu:
                     append(op)
                 elif a.is_send:
                     occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append((SEND, edge_id[a.edge], (r, a.peer), occ, lat, send_post))
+                    append(
+                        (SEND, graph.edge_of(a.tensor, a.part), (r, a.peer), occ, lat, send_post)
+                    )
                 else:
-                    append((RECV, edge_id[a.edge], recv_wait))
+                    append((RECV, graph.edge_of(a.tensor, a.part), recv_wait))
             sends = (
                 0 if implicit else sum(1 for a in actions if type(a) is not Compute and a.is_send)
             )
@@ -380,6 +393,7 @@ class Semu:
             t += host.get("feature_s_per_element", 0.0) * feats
         return t * self.cost.slowdown
 
+    @collector_paused()
     def simulate_step(
         self,
         schedules: Schedule | Sequence[Schedule],

@@ -12,7 +12,7 @@ import reference_interleave
 import reference_lowering
 
 from pipeweaver.checker import check
-from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.dataflow import MicrobatchStructure, all_computes, consumers, data_flow, data_inputs
 from pipeweaver.fuzz import random_invalid_schedule, random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Memory
@@ -40,6 +40,21 @@ def _outcome(fn, *args, **kwargs) -> str:
         return str(fn(*args, **kwargs))
     except Exception as e:  # the oracle and the fast path must fail alike
         return f"{type(e).__name__}: {e}"
+
+
+def test_data_flow_equals_the_per_compute_rules_on_random_instances():
+    # data_flow assembles steps from shared per-microbatch pieces: each entry must still be
+    # what data_inputs and consumers say, in all_computes' order.
+    rng = random.Random(5)
+    for _ in range(120):
+        placement, structure = _instance(rng)
+        flow = data_flow(placement, structure)
+        computes = tuple(all_computes(placement, structure))
+        assert flow.computes == computes
+        assert list(flow.inputs) == list(computes) == list(flow.outputs)
+        for a in computes:
+            assert flow.inputs[a] == tuple(data_inputs(a, placement, structure))
+            assert flow.outputs[a] == tuple(consumers(a, placement, structure))
 
 
 def test_greedy_dual_queue_equals_the_scanning_oracle_on_random_instances():

@@ -19,7 +19,8 @@ from pipeweaver.generators import dataflow, one_f_one_b
 from pipeweaver.ir import Comm, Compute, Kind, Memory
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, structure_of
-from pipeweaver.semu.simulator import Semu, _receive_posts
+from pipeweaver.semu.replay import receive_posts
+from pipeweaver.semu.simulator import Semu
 from pipeweaver.semu.timing import ComputeCost
 
 # Distinct binary fractions: every coefficient of a hand-computed sum shows in the result.
@@ -93,8 +94,8 @@ def test_receive_postings_follow_the_runtime_rule(p, m):
     spec = _llm_spec(p)
     sched = one_f_one_b(Placement.baseline(p, spec.layers()), MicrobatchStructure(m))
     for actions in sched.actions:
-        assert _receive_posts(actions) == _posts_by_the_runtime(actions)
-        assert sum(_receive_posts(actions)) == sum(
+        assert receive_posts(actions) == _posts_by_the_runtime(actions)
+        assert sum(receive_posts(actions)) == sum(
             isinstance(a, Comm) and not a.is_send for a in actions
         )
 

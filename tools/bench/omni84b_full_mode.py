@@ -9,7 +9,9 @@ Each case is one ``tools/semu.py`` command line on ``scripts/configs/omni-84b.js
 ``h100-2560.json`` (their assumptions are listed in the config). Prints per case the step,
 MFU, the largest peak memory per GPU and whether it fits, the speed-up over the strong Megatron
 baseline (packed, parameter-balanced, overlapped reduction, full recompute: the fastest
-Megatron case that fits 80 GB), and OrchMLLM's published 41.6% MFU and 3.1x beside
+Megatron case that fits 80 GB), how long SEMU took for the case (``semu s``: the whole
+``tools/semu.py`` run in this process, from cold data-flow caches), and OrchMLLM's published
+41.6% MFU and 3.1x beside
 (arXiv 2503.23830 abstract; docs/architecture.md [1]). Ends with
 ``omni84b_full_mode_speedup: X`` (the fastest OrchWeave case over the strong baseline). About
 two minutes for all cases (the two dynamic-pipeline cases take most).
@@ -22,8 +24,10 @@ import contextlib
 import io
 import json
 import sys
+import time
 
 from megatron.mllm.cli import semu as semu_cli
+from pipeweaver.dataflow import clear_flow_caches
 
 PAPER_MFU = 0.416
 """OrchMLLM's MFU on the 84B model on 2,560 H100 (abstract)."""
@@ -73,9 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iteration", type=int, default=0)
     args = parser.parse_args(argv)
     cases = list(dict.fromkeys([STRONG, *args.cases]))
-    got = {name: simulate(CASES[name], args.iteration) for name in cases}
+    got, seconds = {}, {}
+    for name in cases:
+        clear_flow_caches()
+        t0 = time.perf_counter()
+        got[name] = simulate(CASES[name], args.iteration)
+        seconds[name] = time.perf_counter() - t0
     base = got[STRONG]["step_time_s"]
-    print(f"{'case':<34} {'step s':>8} {'MFU':>7} {'peak GiB':>9} {'fits':>5} {'speed-up':>9}")
+    print(
+        f"{'case':<34} {'step s':>8} {'MFU':>7} {'peak GiB':>9} {'fits':>5} {'speed-up':>9} "
+        f"{'semu s':>7}"
+    )
     best = 0.0
     for name in cases:
         r = got[name]
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith("orchweave"):
             best = max(best, speedup)
         print(f"{name:<34} {r['step_time_s']:>8.3f} {r['mfu']:>7.1%} {peak:>9.1f} "
-              f"{'yes' if fits else 'no':>5} {speedup:>8.2f}x")  # fmt: skip
+              f"{'yes' if fits else 'no':>5} {speedup:>8.2f}x {seconds[name]:>7.2f}")  # fmt: skip
     print(
         f"{'OrchMLLM (paper)':<34} {'':>8} {PAPER_MFU:>7.1%} {'':>9} {'':>5} {PAPER_SPEEDUP:>8.2f}x"
     )

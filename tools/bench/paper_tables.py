@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python tools/bench/paper_tables.py [--rows GROUP ...] [--rollouts 6] [--iteration 0]
 
 Row groups (``--rows``; the default, all but ``omni84b``, takes about a minute on a loaded
-2-core host; ``--rows all`` adds ``omni84b``, about 2.5 minutes more):
+2-core host; ``--rows all`` adds ``omni84b``, about 20 seconds more):
 
 - ``dip-t4``: DIP's Table 4, VLM-S on 16 H20 (``scripts/configs/vlm-s.json``, ``h20-16.json``):
   FSDP 40.270 s, Megatron-LM 39.053 s, DIP 28.606 s per iteration; relative time 1.03 / 1.00 /
@@ -20,7 +20,7 @@ Row groups (``--rows``; the default, all but ``omni84b``, takes about a minute o
 - ``vlm-m-grid``: the best layout of DIP's simulator-accuracy grid, VLM-M DP8-TP2-PP4 on 64
   GPUs (H800 assumed: the main cluster), MFU 29.7% (DIP v2, Sec. 5, simulator accuracy), at
   two global batch sizes (not counted: the grid's system and batch are not named);
-- ``omni84b`` (about 2.5 minutes: the dynamic case takes most): OrchMLLM's 84B
+- ``omni84b`` (about 20 seconds: the dynamic cases take most): OrchMLLM's 84B
   three-modality model on 2,560 H100, 41.6% MFU and 3.1x over Megatron-LM, so Megatron at
   41.6 / 3.1 = 13.4% MFU (arXiv 2503.23830 abstract; docs/architecture.md [1]), from
   ``tools/bench/omni84b_full_mode.py``'s cases (its ``simulate``, imported);
@@ -360,7 +360,7 @@ GROUPS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
 """Row group -> the function that simulates and builds its rows."""
 
 DEFAULT_GROUPS = ("dip-t4", "dip-t4-gbs", "dip-t5", "vlm-m-grid", "no-config")
-"""The groups a plain run prints (about a minute; ``omni84b`` adds about 2.5 minutes)."""
+"""The groups a plain run prints (about a minute; ``omni84b`` adds about 20 seconds)."""
 
 
 def build_rows(groups: list[str], args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:

@@ -14,7 +14,9 @@ Each case is timed as three parts, on one thread, the minimum of ``--repeats`` (
 shared): ``schedules`` (drawing the samples, packing, the greedy order and its lowering, per
 replica), ``checker`` (:func:`pipeweaver.checker.check` on each replica's schedule as it is
 made, as ``tools/semu.py`` checks them) and ``simulation`` (:meth:`Semu.simulate_step`, fresh
-caches); ``step`` is the minimum of the whole. The config is parsed once, outside the
+caches); ``step`` is the minimum of the whole. Every repeat starts cold, as a ``tools/semu.py``
+process does: the data flows kept between steps (:func:`pipeweaver.dataflow.clear_flow_caches`)
+are forgotten first. The config is parsed once, outside the
 timings. Ends with ``semu_dynamic_dp80_m128_s: X`` (the whole step of the second case, in
 seconds).
 """
@@ -26,6 +28,7 @@ import time
 
 from megatron.mllm.config_files import find_config, load_run_config, set_flags
 from pipeweaver.checker import check
+from pipeweaver.dataflow import clear_flow_caches
 from pipeweaver.semu import scenario
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.simulator import Semu
@@ -48,6 +51,7 @@ def _time_case(spec, cluster, repeats: int) -> dict[str, float]:
             checking[0] += time.perf_counter() - t
 
     for _ in range(repeats):
+        clear_flow_caches()
         checking[0] = 0.0
         scenario.check = timed_check  # as tools/semu.py runs it: each schedule checked when made
         try:
