@@ -130,3 +130,37 @@ def test_checker_equals_the_oracle_on_random_valid_and_invalid_schedules():
         assert _report(check, schedule, **kw) == want
         failures += want.startswith("ScheduleError")
     assert failures >= 60  # every invalid schedule, and some over the cap
+
+
+def test_the_collector_comes_back_only_after_the_last_overlapping_pause():
+    # Two threads' simulations overlap (A enters, B enters, A leaves, B leaves): the collector
+    # stays off until B leaves, then is on again, as it was before A.
+    import gc
+    import threading
+
+    from pipeweaver.semu.reuse import collector_paused
+
+    assert gc.isenabled()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with collector_paused():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with collector_paused():
+            b_in.set()
+            a_out.wait(10)
+            seen["after a left"] = gc.isenabled()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"after a left": False}
+    assert gc.isenabled()
