@@ -84,13 +84,18 @@ def group_ranks_per_node(group_ranks, gpus_per_node: int) -> int | None:
     return sizes.pop()
 
 
+def first_data_parallel_ranks(tensor: int, data: int) -> list[int]:
+    """The global ranks of the DP group of (TP rank 0, stage 0), in group rank order: Megatron's
+    tp-cp-dp-pp order puts DP rank ``d`` at ``tensor * d``. Every other DP group is this one
+    shifted, so it stands for all when nodes are counted (:func:`group_ranks_per_node`)."""
+    return [tensor * d for d in range(data)]
+
+
 def node_wise_layout_problem(world: int, tensor: int, pipeline: int, gpus_per_node: int):
     """Why the node-wise exchange cannot route this layout, or None when it can.
 
     It needs whole nodes, and DP groups whose ranks fill them in equal runs, counted as the
-    Dispatcher counts them (:func:`group_ranks_per_node`). Megatron's tp-cp-dp-pp order puts DP
-    rank ``d`` of (TP rank 0, stage 0) at global rank ``tensor * d``; every other DP group is
-    that one shifted, so checking it checks all.
+    Dispatcher counts them (:func:`group_ranks_per_node` of :func:`first_data_parallel_ranks`).
     """
     g = gpus_per_node
     if world % g:
@@ -99,7 +104,7 @@ def node_wise_layout_problem(world: int, tensor: int, pipeline: int, gpus_per_no
             "between whole nodes)"
         )
     dp = world // (tensor * pipeline)
-    if group_ranks_per_node([tensor * d for d in range(dp)], g) is None:
+    if group_ranks_per_node(first_data_parallel_ranks(tensor, dp), g) is None:
         return (
             f"with --tensor-model-parallel-size {tensor} the {dp} data-parallel ranks of a group "
             f"do not fill nodes of --gpus-per-node {g} in equal runs"

@@ -181,6 +181,15 @@ def split_parts(path: str) -> list[str] | None:
     return None
 
 
+def missing_split_part(path: str, part: str) -> str | None:
+    """Why the dataset at ``path`` cannot be read as split part ``part`` (``has no split part
+    ...``), or None when it can or its parts cannot be listed (opening it then says why)."""
+    parts = split_parts(path)
+    if parts is None or part in parts:
+        return None
+    return f"has no split part {part!r} (its .nv-meta/split.yaml has {', '.join(parts) or 'none'})"
+
+
 def _read_metadataset(path: str, within: tuple[str, ...], top: str, part: str):
     """``(mode, entries)`` of split ``part`` of ``path``, nested in the YAMLs ``within``
     (outermost first): the mode is ``"blend"``, :data:`EPOCHIZED`, or None for a single
@@ -271,12 +280,9 @@ def _read_metadataset(path: str, within: tuple[str, ...], top: str, part: str):
             continue
         if not os.path.isdir(full):
             raise ConfigError(f"{at}: dataset {rel} ({full}) is not a directory")
-        parts = split_parts(full)
-        if parts is not None and entry_part not in parts:
-            raise ConfigError(
-                f"{at}: dataset {rel} has no split part {entry_part!r} (its .nv-meta/split.yaml "
-                f"has {', '.join(parts) or 'none'})"
-            )
+        missing = missing_split_part(full, entry_part)
+        if missing:
+            raise ConfigError(f"{at}: dataset {rel} {missing}")
         label = os.path.normpath(os.path.relpath(full, top)) if not os.path.isabs(rel) else rel
         label = os.path.basename(full) if label == "." else label
         out.append(BlendEntry(float(value), full, label, entry_part))

@@ -33,7 +33,7 @@ import numpy as np
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import PLACEHOLDER_TOKEN, ChatTurns, SamplePayload, sample_layout
-from megatron.mllm.data_blend import split_parts
+from megatron.mllm.data_blend import missing_split_part
 from megatron.mllm.data_formats import (  # noqa: F401 (DataError: raised to callers)
     PROMPT_FORMATS,
     DataError,
@@ -77,12 +77,9 @@ def open_dataset(path: str, split_part: str = "train"):
         from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
     except ImportError as e:
         raise ConfigError("--data-path needs megatron-energon: the 'data' extra") from e
-    parts = split_parts(path)
-    if parts is not None and split_part not in parts:  # Energon would only assert
-        raise ConfigError(
-            f"--data-path {path}: the dataset has no split part {split_part!r} (its "
-            f".nv-meta/split.yaml has {', '.join(parts) or 'none'})"
-        )
+    missing = missing_split_part(path, split_part)
+    if missing:  # Energon would only assert
+        raise ConfigError(f"--data-path {path}: the dataset {missing}")
     try:
         meta = WebdatasetMeta.from_config(EPath(path), split_part=split_part)
     except EmptyDatasetError as e:

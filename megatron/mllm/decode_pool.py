@@ -71,7 +71,7 @@ class Failed:
 
 
 def decode_item(prep, data: bytes):
-    """``prep.features(data)`` (a list of float32 arrays), or :class:`Failed` when the bytes
+    """``prep.features(data)`` (a list of arrays: uint8 pixel patches or float32 log-mels), or :class:`Failed` when the bytes
     cannot be decoded; what a worker and the main process both run for one item."""
     from megatron.mllm.preprocess import DecodeError
 

@@ -127,10 +127,10 @@ def main(argv=None) -> int:
     run = loaded.run
     stream = stream_from_run(run)
     one = getattr(stream, "streams", [stream])[0]  # every dataset of a blend preprocesses alike
-    preps = {"image": one.tiling, "audio": one.audio}
+    preps = {m: one.preprocessor(m) for m in ("image", "audio")}
     cost_model = CostModel.build(loaded.shape)
     moved_bytes = payload_bytes(loaded.model, real_data=True).inputs
-    fp32_bytes = {e: 4.0 * enc.input_dim for e, enc in loaded.model.encoders.items()}
+    fp32_bytes = payload_bytes(loaded.model, real_data=False).inputs  # synthetic data's
     mbs = run.micro_batch_size
     num_mb = run.global_batch_size // (mbs * DP)
     totals: dict[str, np.ndarray] = {}

@@ -104,13 +104,11 @@ def setup_of(loaded) -> PostBalanceSetup:
     """The trainer's balancing flags of a parsed config."""
     from megatron.mllm.steps.base import BALANCE_ALGORITHMS
     from megatron.mllm.steps.phase_balanced import payload_bytes
-
-    from orchestration.locality import group_ranks_per_node
+    from orchestration.locality import first_data_parallel_ranks, group_ranks_per_node
 
     b, par = loaded.run.balance, loaded.run.parallel
-    # As the trainer's Dispatcher counts them: the DP group of (TP rank 0, stage 0) holds every
-    # TP-th global rank (Megatron's tp-cp-dp-pp order), each its own node when irregular.
-    dp_ranks = [par.tensor * d for d in range(par.data)]
+    # As the trainer's Dispatcher counts them, each rank its own node when irregular.
+    dp_ranks = first_data_parallel_ranks(par.tensor, par.data)
     return PostBalanceSetup(
         algorithm=BALANCE_ALGORITHMS[b.post_balance],
         packing_limit=loaded.run.packing_limit,
