@@ -93,6 +93,10 @@ class AblationStep:
     wall_s: float = 0.0
     """Host seconds the step took to build and simulate (its search included)."""
 
+    mfu: float = 0.0
+    """SEMU's model FLOPs utilisation of the step (the samples' FLOPs, not padding or
+    recompute, over the step time and every device's peak)."""
+
     @property
     def fits(self) -> bool:
         """Whether every rank's peak is within the device memory."""
@@ -141,7 +145,7 @@ class _Steps:
         wall, self.since = now - self.since, (now if final else self.since)
         return AblationStep(
             name, pred.step_time_s, tuple(pred.peak_memory_bytes), self.device, memory, schedule,
-            wall_s=wall, **extra,
+            wall_s=wall, mfu=pred.mfu, **extra,
         )  # fmt: skip
 
     def megatron_order(self, name: str, **build) -> tuple[AblationStep, list[MicrobatchMeta]]:

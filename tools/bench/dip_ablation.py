@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                             "step": s.name,
                             "iteration": it,
                             "step_time_s": s.step_time_s,
+                            "mfu": s.mfu,
                             "peak_memory_gib": [b / GIB for b in s.peak_memory_bytes],
                             "fits": s.fits,
                             "memory": s.memory,

@@ -5,8 +5,8 @@ Usage (from the repository root)::
 
     python tools/bench/paper_tables.py [--rows GROUP ...] [--rollouts 6] [--iteration 0]
 
-Row groups (``--rows``; the default, all but ``omni84b``, takes about a minute on a loaded
-2-core host; ``--rows all`` adds ``omni84b``, about 20 seconds more):
+Row groups (``--rows``; the default, all but ``omni84b`` and the ``dip-xl`` groups, takes
+about a minute on a loaded 2-core host; ``--rows all`` adds them, minutes more):
 
 - ``dip-t1``: DIP's Table 1, a 7B LM and a ViT 2B + LM 5B (static and dynamic data) on 8
   GPUs at TP 2 x PP 4: MFU 0.400 / 0.351 / 0.239, 4.068 / 4.567 / 6.789 s per iteration
@@ -29,9 +29,15 @@ Row groups (``--rows``; the default, all but ``omni84b``, takes about a minute o
   three-modality model on 2,560 H100, 41.6% MFU and 3.1x over Megatron-LM, so Megatron at
   41.6 / 3.1 = 13.4% MFU (arXiv 2503.23830 abstract; docs/architecture.md [1]), from
   ``tools/bench/omni84b_full_mode.py``'s cases (its ``simulate``, imported);
-- ``no-config``: published rows we have no config for (the VLM-XL and T2V-XL simulations on
-  up to 16,384 H100, Fig. 6a's per-model bars), each with what is missing
-  (docs/architecture.md [2]; the paper's text as our notes quote it).
+- ``dip-xl`` (about 2.5 minutes; ``dip-xl-large``, their larger sizes, several minutes more):
+  DIP's large-scale simulations on H100, VLM-XL (ViT 22B + GPT-175B, DP128 TP8 PP8 on 8192;
+  PP16 on 16384) and T2V-XL (Qwen2 72B + DiT 30B, DP96 TP8 PP4 on 3072; PP8 on 6144): DIP's
+  MFU 0.36 and 0.39, and its gain, up to 82.8% over the baselines (v2 section 5.5;
+  docs/architecture.md [2]), from ``dip_ablation.py``'s step 5 and step 1 on
+  ``scripts/configs/{vlm-xl,vlm-xl-16k,t2v-xl,t2v-xl-6k}.json``, whose global batch and data
+  are assumed;
+- ``no-config``: published figures we cannot match (Fig. 6a's per-model bars), each with what
+  is missing (docs/architecture.md [2]; the paper's text as our notes quote it).
 
 Each row prints the paper's figure, SEMU's, the error ``100 * (SEMU - paper) / paper`` (of the
 seconds, the MFU or the speed-up ratio alike), and below it the command that gives SEMU's figure
@@ -201,8 +207,11 @@ def _command(tool: str, argv: list[str]) -> str:
     return " ".join([f"python {tool}", *argv])
 
 
-def dip_ablation_run(cluster: str, rollouts: int, iteration: int) -> list[dict]:
-    """One batch of ``tools/bench/dip_ablation.py --cluster CLUSTER``: its five steps' JSON.
+def dip_ablation_run(
+    cluster: str, rollouts: int, iteration: int, model: str = "vlm-s"
+) -> list[dict]:
+    """One batch of ``tools/bench/dip_ablation.py --model MODEL --cluster CLUSTER``: its five
+    steps' JSON.
 
     ``iteration`` is the ablation's batch: ``--batches iteration + 1`` runs the earlier ones too,
     so keep it 0 for speed. Step 5 plans memory once (``--phase3-once``, the trainer's way).
@@ -211,7 +220,7 @@ def dip_ablation_run(cluster: str, rollouts: int, iteration: int) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ablation.json")
-        argv = ["--cluster", cluster, "--batches", str(iteration + 1), "--rollouts",
+        argv = ["--model", model, "--cluster", cluster, "--batches", str(iteration + 1), "--rollouts",
                 str(rollouts), "--phase3-once", "--no-progress", "--json", path]  # fmt: skip
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -222,9 +231,10 @@ def dip_ablation_run(cluster: str, rollouts: int, iteration: int) -> list[dict]:
             return json.load(f)[iteration]
 
 
-def _ablation_command(cluster: str, rollouts: int) -> str:
-    return _command("tools/bench/dip_ablation.py", ["--cluster", cluster, "--batches", "1",
-                    "--rollouts", str(rollouts), "--phase3-once"])  # fmt: skip
+def _ablation_command(cluster: str, rollouts: int, model: str = "vlm-s") -> str:
+    head = [] if model == "vlm-s" else ["--model", model]
+    return _command("tools/bench/dip_ablation.py", [*head, "--cluster", cluster, "--batches",
+                    "1", "--rollouts", str(rollouts), "--phase3-once"])  # fmt: skip
 
 
 def _megatron_step_command(cluster: str, step: dict) -> str:
@@ -401,16 +411,46 @@ def rows_dip_t1(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+DIP_XL = (
+    ("vlm-xl", "h100-8192", "VLM-XL-8k: ViT 22B + GPT-175B, DP128 TP8 PP8, 8192 H100", 0.36),
+    ("t2v-xl", "h100-3072", "T2V-XL-3k: Qwen2 72B + DiT 30B, DP96 TP8 PP4, 3072 H100", 0.39),
+)
+"""DIP's large-scale simulations (v2 section 5.5): config, cluster, label, DIP's MFU (one
+figure per model for both sizes)."""
+
+DIP_XL_LARGE = (
+    ("vlm-xl-16k", "h100-16384", "VLM-XL-16k: the same at PP16, 16384 H100", 0.36),
+    ("t2v-xl-6k", "h100-6144", "T2V-XL-6k: the same at PP8, 6144 H100", 0.39),
+)
+"""The larger of DIP's two sizes of each (a few minutes of SEMU each)."""
+
+DIP_XL_GAIN = 1.828
+"""DIP's large-scale runs: 'up to 82.8%' above the baselines."""
+
+
+def rows_dip_xl(args: argparse.Namespace, cases=DIP_XL) -> list[Row]:
+    """DIP's VLM-XL and T2V-XL simulations: DIP's MFU (ablation step 5) and its gain over
+    Megatron (step 1)."""
+    rows = []
+    for model, cluster, label, paper_mfu in cases:
+        steps = {s["step"]: s for s in dip_ablation_run(cluster, args.rollouts, args.iteration,
+                                                         model)}  # fmt: skip
+        meg, dip = steps["megatron"], steps["memory"]
+        cmd = _ablation_command(cluster, args.rollouts, model)
+        assumed = f"global batch and data assumed in scripts/configs/{model}.json"
+        rows.append(Row(f"{label}: DIP", "DIP Sec. 5", "mfu", paper_mfu, dip.get("mfu"), cmd,
+                        f"ablation step 5; {assumed}; {dip['memory']}; {_peak(dip)}"))  # fmt: skip
+        rows.append(Row(f"{label}: DIP over Megatron-LM", "DIP Sec. 5", "x", DIP_XL_GAIN,
+                        meg["step_time_s"] / dip["step_time_s"], cmd,
+                        f"the paper's 'up to 82.8%' is the largest gain over any baseline and "
+                        f"size, so SEMU's should not exceed it; Megatron: {meg['memory']}, "
+                        f"{_peak(meg)}"))  # fmt: skip
+    return rows
+
+
 def rows_no_config(args: argparse.Namespace) -> list[Row]:
     """Published rows with no config yet, each with what is missing."""
-    xl = ("no config yet: needs ViT 22B + GPT-175B (VLM-XL) or Qwen2 72B + DiT 30B (T2V-XL) "
-          "model configs and an H100 cluster of that size; DIP gives one MFU for both sizes, "
-          "no global batch, and for the baselines only 'up to 82.8%' below DIP")  # fmt: skip
     return [
-        Row("VLM-XL (8k: DP128 TP8 PP8; 16k: PP16): DIP on H100", "DIP Sec. 5", "mfu", 0.36,
-            note=xl),
-        Row("T2V-XL (3k: DP96 TP8 PP4; 6k: PP8): DIP on H100", "DIP Sec. 5", "mfu", 0.39,
-            note=xl),
         Row("VLM-M / VLM-L / T2V-S / T2V-L end to end (Fig. 6a)", "DIP Fig. 6a", "s", None,
             note="configs exist (vlm-m, vlm-l, t2v-s, t2v-l.json) but the per-model bars are "
                  "only in the figure, not in the text: only the ranges +15.6-76.2% (VLM) and "
@@ -425,12 +465,15 @@ GROUPS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "dip-t5": rows_dip_t5,
     "vlm-m-grid": rows_vlm_m_grid,
     "omni84b": rows_omni84b,
+    "dip-xl": rows_dip_xl,
+    "dip-xl-large": lambda args: rows_dip_xl(args, DIP_XL_LARGE),
     "no-config": rows_no_config,
 }
 """Row group -> the function that simulates and builds its rows."""
 
 DEFAULT_GROUPS = ("dip-t1", "dip-t4", "dip-t4-gbs", "dip-t5", "vlm-m-grid", "no-config")
-"""The groups a plain run prints (about a minute; ``omni84b`` adds about 20 seconds)."""
+"""The groups a plain run prints (about a minute; ``omni84b`` and the ``dip-xl`` groups take
+minutes more)."""
 
 
 def build_rows(groups: list[str], args: argparse.Namespace) -> tuple[list[Row], dict[str, float]]:
