@@ -314,7 +314,7 @@ def simulate_phase_balanced(
                 else:
                     peak = max(peak, alive + c.transient_bytes)
                     alive -= cost(module, Kind.F, i, _work(batches, d, module, i)).kept_bytes
-                if record_events or semu.overlap_grad_reduce:
+                if record_events or semu.needs_compute_events:
                     name = f"{module[0]}0{kind.value}{i}"
                     events.append(Event(0, t, t + c.time_s, name, kind.value, module, i, 0))
                 t += c.time_s
