@@ -26,6 +26,7 @@ from pipeweaver.semu.post_balance import (
     BalancedBatches,
     PostBalanceSetup,
     gathered_metadata,
+    link_exchange_cost,
     phase_balanced_batches,
     sample_balanced_batches,
     simulate_phase_balanced,
@@ -185,6 +186,10 @@ def phase_balanced_step(
         The step, the batches it ran, and the ``info`` of :func:`build_step`'s form.
     """
     setup = setup_of(loaded)
+    # The planner's gain-versus-exchange check, priced on the cluster's links (one DP group).
+    ranks = [semu.tp * d for d in range(semu.dp)]
+    exchange = link_exchange_cost(semu, setup.payload, ranks)
+    setup = dataclasses.replace(setup, exchange=exchange)
     spec = loaded.semu
     dp = semu.dp
     m = spec.training.num_microbatches(dp)
