@@ -160,3 +160,18 @@ def test_overlap_param_gather_hides_the_distributed_optimizers_gather():
     whole = costs.chunk_params("llm", 0, 2) * 2 / 2 / bw
     first = costs.chunk_params("llm", 0, 1) * 2 / 2 / bw
     assert plain.step_time_s - over.step_time_s == pytest.approx(whole - first, rel=1e-9)
+
+
+def test_timelines_show_the_communication_stream(tmp_path):
+    """The trace puts the collectives on a thread of their own beside the compute; the PNG
+    draws them."""
+    from pipeweaver.semu.trace import chrome_trace, write_png
+
+    _, got = _step(_spec(2, "optim_grads_params"), _cluster(2, 1e8))
+    trace = chrome_trace(got)["traceEvents"]
+    comm = [e for e in trace if e.get("ph") == "X" and e["tid"] == 1]
+    assert len(comm) == 6 and {e["cat"] for e in comm} == {"allgather", "reducescatter"}
+    assert any(e.get("args", {}).get("name") == "DP communication" for e in trace)
+    pytest.importorskip("matplotlib")
+    write_png(got, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0
