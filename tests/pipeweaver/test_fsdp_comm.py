@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from megatron.mllm.config_files import flag_argv, run_from_flags, set_flags
@@ -81,6 +83,7 @@ def test_free_links_fsdp_step_equals_the_distributed_optimizers():
     fsdp, got = _step(_spec(4, "optim_grads_params"), _cluster(4))
     _, ref = _step(_spec(4, **{"use-distributed-optimizer": True}), _cluster(4))
     assert got.step_time_s == pytest.approx(ref.step_time_s, abs=1e-12)
+    assert got.breakdown["pipeline"] == pytest.approx(3.0)  # F 1 s + B 2 s, no stall
     kinds = [e.category for e in got.events]
     # 2 layers: gathered before each forward and each backward, reduced after each backward.
     assert kinds.count("allgather") == 4 and kinds.count("reducescatter") == 2
@@ -175,3 +178,19 @@ def test_timelines_show_the_communication_stream(tmp_path):
     pytest.importorskip("matplotlib")
     write_png(got, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_cli_sharding_and_overlap_param_gather(capsys):
+    """``tools/semu.py --data-parallel-sharding-strategy`` runs FSDP's collectives (the
+    weights sharded over DP in the static bytes); ``--overlap-param-gather`` needs a sharded
+    optimizer, as Megatron's."""
+    from megatron.mllm.cli import semu as semu_cli
+
+    base = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--json"]
+    assert semu_cli.main([*base, "--data-parallel-sharding-strategy", "optim_grads_params"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["data_parallel_sharding"] == "optim_grads_params"
+    static = out["static_bytes"][0]
+    assert static["weights"] == pytest.approx(static["params"] * 4 / 2)  # fp32, DP 2
+    assert semu_cli.main([*base, "--overlap-param-gather"]) == 2
+    assert "--overlap-param-gather needs --use-distributed-optimizer" in capsys.readouterr().err
