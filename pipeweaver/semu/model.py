@@ -50,7 +50,8 @@ class ParallelLayout:
     used), ``no_shard``, ``optim`` (optimizer states sharded over DP, as the distributed
     optimizer), ``optim_grads`` (and main gradients) or ``optim_grads_params`` (and weights:
     each layer's are gathered around its compute). The trainer refuses FSDP, so configs set it
-    with ``parallel_overrides``."""
+    with ``parallel_overrides`` (or ``tools/semu.py --data-parallel-sharding-strategy``); its
+    communication is :mod:`pipeweaver.semu.fsdp_comm`'s."""
 
     pipeline_layout: str = "baseline"
     """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on

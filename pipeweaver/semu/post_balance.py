@@ -35,7 +35,7 @@ import numpy as np
 
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import plan_hops
-from orchestration.exchange_cost import PayloadBytes
+from orchestration.exchange_cost import ExchangeCost, PayloadBytes
 from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
 from orchestration.microbatches import form_microbatches
 from orchestration.packing import microbatch_indices
@@ -78,6 +78,12 @@ class PostBalanceSetup:
 
     node_wise: bool = False
     """``--node-wise-a2a``: the three-hop exchange (one message per node pair)."""
+
+    exchange: ExchangeCost | None = None
+    """The gain-versus-exchange check of the per-phase plan (:func:`link_exchange_cost`):
+    a phase keeps the ordinary assignment when moving its data costs more than balancing
+    gains. Applied with costs in seconds only, as the trainer's (which checks once its fit
+    gives seconds); None: every phase runs the balancer's assignment."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,17 @@ def exchange_seconds(
                 matrix[here][nxt] = float(sum(rows_bytes[s, d] for s, d in blocks))
         total += semu.cost.comm.all_to_all(matrix, ranks)
     return total
+
+
+def link_exchange_cost(semu: Semu, payload: PayloadBytes, ranks: Sequence[int]) -> ExchangeCost:
+    """The exchange model of the cluster's links for the planner's check: one all-to-all
+    over the DP ranks ``ranks`` (global device indices) costs ``(n - 1)`` link latencies plus
+    the busiest rank's bytes over its link's bandwidth, NVLink when the ranks share a node,
+    the NIC otherwise (:meth:`pipeweaver.semu.timing.CommModel.all_to_all_total`'s terms)."""
+    comm = semu.cost.comm
+    intra = semu.cluster.same_node(list(ranks))
+    bw, lat = (comm.intra_bw, comm.intra_lat) if intra else (comm.inter_bw, comm.inter_lat)
+    return ExchangeCost(max(len(ranks) - 1, 0) * lat, 1.0 / bw, payload)
 
 
 def _form(md, costs, tokens, members, m, setup) -> list[list[int]]:
@@ -218,6 +235,7 @@ def phase_balanced_batches(
         phases=setup.phases,
         caps=dict(setup.caps) or None,
         gpus_per_node=setup.gpus_per_node,
+        exchange=setup.exchange if cost_model.unit == "seconds" else None,
     )
     llm = plan.phase("llm")
     R = plan.num_ranks
@@ -314,7 +332,7 @@ def simulate_phase_balanced(
                 else:
                     peak = max(peak, alive + c.transient_bytes)
                     alive -= cost(module, Kind.F, i, _work(batches, d, module, i)).kept_bytes
-                if record_events or semu.overlap_grad_reduce:
+                if record_events or semu.needs_compute_events:
                     name = f"{module[0]}0{kind.value}{i}"
                     events.append(Event(0, t, t + c.time_s, name, kind.value, module, i, 0))
                 t += c.time_s

@@ -37,6 +37,7 @@ from pipeweaver.ir import Compute, Kind
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
+from pipeweaver.semu.fsdp_comm import data_parallel_comm
 from pipeweaver.semu.grad_reduce import (
     BucketReduction,
     default_bucket_params,
@@ -69,6 +70,7 @@ class Semu:
             rank after its last backward.
         bucket_params: Megatron's ``bucket_size`` (parameters); default its
             :func:`~pipeweaver.semu.grad_reduce.default_bucket_params`.
+        overlap_param_gather: ``--overlap-param-gather`` (and FSDP: :mod:`.fsdp_comm`).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Semu:
         compute_cost_fn: Callable[[Placement, Compute, MicrobatchMeta], ComputeCost] | None = None,
         overlap_grad_reduce: bool = False,
         bucket_params: int | None = None,
+        overlap_param_gather: bool = False,
     ):
         self.spec = spec
         self.cluster = cluster
@@ -93,6 +96,8 @@ class Semu:
         self.compute_cost_fn = compute_cost_fn
         self.overlap_grad_reduce = overlap_grad_reduce
         self.bucket_params = bucket_params or default_bucket_params(self.dp)
+        self.dp_comm = data_parallel_comm(self, overlap_param_gather)  # reads the computes:
+        self.needs_compute_events = overlap_grad_reduce or self.dp_comm is not None
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
         self._clip_grad = spec.training.clip_grad
         # The function itself (not its id) keys the caches: it stays alive while cached.
@@ -435,8 +440,7 @@ class Semu:
         results = []
         for d, (sched, mbs) in enumerate(zip(schedules, microbatches)):
             offsets = [s + a2a / 2 + delay[r] for r, s in enumerate(host_start[d])]
-            # The overlapped reduction reads when each chunk's last backward ran.
-            record = record_events or self.overlap_grad_reduce
+            record = record_events or self.needs_compute_events
             results.append(
                 self.simulate_pipeline(sched, mbs, offsets, replica=d, record_events=record)
             )
@@ -484,6 +488,9 @@ class Semu:
             tail += comm.all_reduce(8.0, self.dp, dp_group_intra)
         finish = []
         events: list[Event] = []
+        # FSDP's collectives delay the computes that wait for gathers (fsdp_comm).
+        dp_step = self.dp_comm.apply(placement, results) if self.dp_comm is not None else None
+        results = dp_step.results if dp_step is not None else results
         crit = max(range(len(results)), key=lambda d: results[d].makespan)
         distributed = self.spec.parallel.sharded("optim")
         windows = None
@@ -497,8 +504,11 @@ class Semu:
             grad_bytes = static[r]["params"] * self.spec.training.grad_dtype_bytes
             weight_bytes = static[r]["params"] * self.spec.shape.params_dtype_bytes
             gather = comm.all_gather(weight_bytes, self.dp, dp_group_intra)
+            gather *= dp_step is None or not dp_step.overlap_param_gather  # else in the forward
             reductions: list[BucketReduction] = []
-            if windows is not None:
+            if dp_step is not None and dp_step.grads_reduced:
+                ar = dp_step.gather_after_optimizer[r]  # reduce-scattered in the backward
+            elif windows is not None:
                 # Each bucket's reduce-scatter (all-reduce) as soon as its gradients exist.
                 per_param = self.spec.training.grad_dtype_bytes
                 reduce = comm.reduce_scatter if distributed else comm.all_reduce
@@ -527,7 +537,8 @@ class Semu:
                 for i, x in enumerate(reductions):
                     events.append(Event(r, x.start_s, x.end_s, f"dp bucket {i}", "allreduce"))
                 if ar > 0 and not reductions:
-                    events.append(Event(r, ready, ready + ar, "dp all-reduce", "allreduce"))
+                    name = "dp all-gather" if dp_step and dp_step.grads_reduced else "dp all-reduce"
+                    events.append(Event(r, ready, ready + ar, name, "allreduce"))
                 elif reductions and distributed and gather > 0:
                     start = ready + ar - gather
                     events.append(Event(r, start, ready + ar, "dp all-gather", "allreduce"))
@@ -541,7 +552,7 @@ class Semu:
             for r in range(self.pp):
                 if crit_res.start[r] > 0:
                     events.append(Event(r, 0.0, crit_res.start[r], "host + a2a", "host"))
-            events = list(crit_res.events) + events
+            events = list(crit_res.events) + events + (dp_step.events(crit) if dp_step else [])
         flops = sum(mb.model_flops for mbs in microbatches for mb in mbs)
         # Replicas not given are assumed to repeat the given ones.
         flops *= self.dp / len(microbatches)

@@ -21,8 +21,11 @@ MODULE_COLORS = {"vision": "#1f77b4", "audio": "#2ca02c", "llm": "#ff7f0e"}
 
 OTHER_COLORS = {
     "allreduce": "#7f7f7f", "optimizer": "#9467bd", "host": "#d9d9d9", "a2a": "#8c564b",
-    "p2p": "#e377c2",
+    "p2p": "#e377c2", "allgather": "#17becf", "reducescatter": "#bcbd22",
 }  # fmt: skip
+
+COMM_STREAM = ("allgather", "reducescatter")
+"""Categories on a rank's communication stream, drawn beside its compute (they overlap it)."""
 
 
 def _shade(hex_color: str, factor: float) -> str:
@@ -62,6 +65,11 @@ def chrome_trace(result: StepPrediction, name: str = "semu") -> dict[str, Any]:
         events.append(
             {"name": "thread_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": "compute"}}
         )
+        if any(e.rank == r and e.category in COMM_STREAM for e in result.events):
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": r, "tid": 1,
+                 "args": {"name": "DP communication"}}
+            )  # fmt: skip
     for e in result.events:
         events.append(
             {
@@ -71,7 +79,7 @@ def chrome_trace(result: StepPrediction, name: str = "semu") -> dict[str, Any]:
                 "ts": e.start * 1e6,
                 "dur": max(e.end - e.start, 0.0) * 1e6,
                 "pid": e.rank,
-                "tid": 0,
+                "tid": 1 if e.category in COMM_STREAM else 0,
                 "args": {"module": e.module, "microbatch": e.microbatch},
             }
         )
@@ -128,14 +136,18 @@ def write_png(
     fig, ax = plt.subplots(figsize=(14, fig_h))
     for row, r in enumerate(ranks):
         evs = [e for e in result.events if e.rank == r]
-        bars = [(e.start * 1e3, (e.end - e.start) * 1e3) for e in evs]
-        ax.broken_barh(
-            bars,
-            (row - 0.4, 0.8),
-            facecolors=[event_color(e) for e in evs],
-            edgecolor="white",
-            linewidth=0.2,
-        )
+        # The communication stream's ops in a thin band under the rank's compute.
+        for band, keep in (((row - 0.4, 0.6), False), ((row + 0.22, 0.18), True)):
+            sel = [e for e in evs if (e.category in COMM_STREAM) == keep]
+            if not keep and not any(e.category in COMM_STREAM for e in evs):
+                band = (row - 0.4, 0.8)
+            ax.broken_barh(
+                [(e.start * 1e3, (e.end - e.start) * 1e3) for e in sel],
+                band,
+                facecolors=[event_color(e) for e in sel],
+                edgecolor="white",
+                linewidth=0.2,
+            )
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()

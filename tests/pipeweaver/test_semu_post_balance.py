@@ -343,3 +343,62 @@ def test_exchange_routed_as_the_dispatcher_by_hand(node_wise):
     want = 2 * nbytes / intra + nbytes / inter if node_wise else nbytes / inter
     assert got == pytest.approx(want)
     assert exchange_seconds(semu, np.diag([nbytes] * 4), [0, 1, 2, 3], setup) == 0.0
+
+
+def _phase_plan_moves(exchange_latency_s: float | None, unit: str) -> bool:
+    """Whether SEMU's per-phase plan (DP 4) moves any data, with an exchange check of this
+    latency (None: no check) and the FLOPs cost model in ``unit`` (seconds: scaled)."""
+    import dataclasses
+
+    from orchestration.cost_model import CostModel as Costs
+    from orchestration.exchange_cost import ExchangeCost
+    from pipeweaver.semu.post_balance import gathered_metadata, phase_balanced_batches
+    from pipeweaver.semu.scenario import sample_source
+
+    dp = 4
+    loaded = run_from_flags(flag_argv(set_flags(FLAGS)), dp)
+    spec = loaded.semu
+    semu = Semu(spec, _cluster(dp))
+    setup = semu_balance.setup_of(loaded)
+    if exchange_latency_s is not None:
+        check = ExchangeCost(exchange_latency_s, 0.0, setup.payload)
+        setup = dataclasses.replace(setup, exchange=check)
+    flops = CostModel.build(loaded.model.shape(), None)
+    scale = 1e-12 if unit == "seconds" else 1.0  # seconds at 1 PFLOP/s: same plan, in seconds
+    costs = Costs({p: dataclasses.replace(c, linear=c.linear * scale, quadratic=c.quadratic * scale,
+                                          per_output_token=c.per_output_token * scale, unit=unit)
+                   for p, c in flops.phases.items()})  # fmt: skip
+    m = spec.training.num_microbatches(dp)
+    md = gathered_metadata(sample_source(spec, None, None, None), 0, dp, 2, m)
+    flops_of = lambda s: sum(spec.shape.sample_phase_flops(s).values())  # noqa: E731
+    got = phase_balanced_batches(semu, md, costs, setup, m, flops_of)
+    return any(not p.dispatch.moves_nothing for p in got.plan.phases)
+
+
+def test_phase_plan_keeps_the_ordinary_assignment_when_exchanges_cost_more_than_the_gain():
+    """The trainer's gain-versus-exchange check in SEMU's per-phase plan: an exchange far
+    above any gain (an hour) keeps every phase's ordinary assignment; a free one moves data;
+    costs in FLOPs skip the check, as the trainer's before its fit gives seconds."""
+    assert not _phase_plan_moves(3600.0, "seconds")
+    assert _phase_plan_moves(0.0, "seconds")
+    assert _phase_plan_moves(None, "seconds")
+    assert _phase_plan_moves(3600.0, "flops")
+
+
+def test_link_exchange_cost_is_the_clusters_all_to_all():
+    """(n - 1) link latencies plus bytes over the link: NVLink in a node, the NIC across."""
+    from orchestration.exchange_cost import PayloadBytes
+    from pipeweaver.semu.post_balance import link_exchange_cost
+
+    flags = {k: v for k, v in FLAGS.items() if k != "post-balance"}
+    semu = Semu(run_from_flags(flag_argv(set_flags(flags)), 4).semu, _cluster(4))
+    dev, eff, payload = semu.cluster.device, semu.cluster.efficiency, PayloadBytes({}, {})
+    inside = link_exchange_cost(semu, payload, [0, 1])
+    assert inside.latency_s == pytest.approx(dev.intra_node_latency_s)
+    assert inside.bandwidth == pytest.approx(dev.intra_node_bandwidth * eff.intra_node)
+    across = link_exchange_cost(semu, payload, [0, 1, 2, 3])  # 2 devices per node
+    assert across.latency_s == pytest.approx(3 * dev.inter_node_latency_s)
+    assert across.bandwidth == pytest.approx(dev.inter_node_bandwidth * eff.inter_node)
+    assert across.seconds(1e9) == pytest.approx(
+        semu.cost.comm.all_to_all_total(1e9 * 4 / 3, 4, False)
+    )

@@ -14,7 +14,9 @@ Megatron case that fits 80 GB), how long SEMU took for the case (``semu s``: the
 41.6% MFU and 3.1x beside
 (arXiv 2503.23830 abstract; docs/architecture.md [1]). Ends with
 ``omni84b_full_mode_speedup: X`` (the fastest OrchWeave case over the strong baseline). About
-two minutes for all cases (the two dynamic-pipeline cases take most).
+two minutes for all cases (the two dynamic-pipeline cases and FSDP at 32 microbatches per rank
+take most). The PP=1 cases with FSDP (``--data-parallel-sharding-strategy``) are SEMU's model of
+Megatron-FSDP (:mod:`pipeweaver.semu.fsdp_comm`): the trainer refuses FSDP.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ PAPER_SPEEDUP = 3.1
 STRONG = "megatron-packed-strong"
 """The strong Megatron baseline the speed-ups are over."""
 
+PP1 = ["--set", "pipeline-model-parallel-size=1", "--post-balance", "auto"]
+"""OrchWeave's per-phase mode (OrchMLLM's setting): PP = 1, every phase balanced over DP."""
+
+LAYER_RC = ["--set", "recompute-granularity=full", "--set", "recompute-method=uniform", "--set",
+            "recompute-num-layers=1"]  # fmt: skip
+"""Megatron's per-layer full recompute (each layer's input kept, its forward rerun)."""
+
 CASES = {
     "megatron-padded": ["--overlap-grad-reduce"],
     "megatron-packed": ["--pad", "packed", "--overlap-grad-reduce"],
@@ -50,6 +59,13 @@ CASES = {
     ],  # fmt: skip
     "orchweave-pp1-per-phase": ["--set", "pipeline-model-parallel-size=1", "--post-balance",
                                 "auto"],  # fmt: skip
+    "orchweave-pp1-per-phase-fsdp": [*PP1, "--data-parallel-sharding-strategy",
+                                     "optim_grads_params"],  # fmt: skip
+    "orchweave-pp1-per-phase-mb32-recompute": [*PP1, "--set", "micro-batch-size=32", *LAYER_RC],
+    "orchweave-pp1-per-phase-fsdp-mb32-recompute": [
+        *PP1, "--data-parallel-sharding-strategy", "optim_grads_params", "--set",
+        "micro-batch-size=32", *LAYER_RC,
+    ],  # fmt: skip
 }
 """Case -> the flags after ``--model omni-84b --cluster h100-2560``."""
 
@@ -84,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         got[name] = simulate(CASES[name], args.iteration)
         seconds[name] = time.perf_counter() - t0
     base = got[STRONG]["step_time_s"]
+    w = max(34, *(len(n) for n in cases))
     print(
-        f"{'case':<34} {'step s':>8} {'MFU':>7} {'peak GiB':>9} {'fits':>5} {'speed-up':>9} "
+        f"{'case':<{w}} {'step s':>8} {'MFU':>7} {'peak GiB':>9} {'fits':>5} {'speed-up':>9} "
         f"{'semu s':>7}"
     )
     best = 0.0
@@ -96,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         speedup = base / r["step_time_s"]
         if name.startswith("orchweave"):
             best = max(best, speedup)
-        print(f"{name:<34} {r['step_time_s']:>8.3f} {r['mfu']:>7.1%} {peak:>9.1f} "
+        print(f"{name:<{w}} {r['step_time_s']:>8.3f} {r['mfu']:>7.1%} {peak:>9.1f} "
               f"{'yes' if fits else 'no':>5} {speedup:>8.2f}x {seconds[name]:>7.2f}")  # fmt: skip
     print(
-        f"{'OrchMLLM (paper)':<34} {'':>8} {PAPER_MFU:>7.1%} {'':>9} {'':>5} {PAPER_SPEEDUP:>8.2f}x"
+        f"{'OrchMLLM (paper)':<{w}} {'':>8} {PAPER_MFU:>7.1%} {'':>9} {'':>5} {PAPER_SPEEDUP:>8.2f}x"
     )
     print(f"omni84b_full_mode_speedup: {best:.3f}")
     return 0

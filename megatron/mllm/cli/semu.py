@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = configs.set_flags({**sets, **trainer_layout_flags(args, sets)})
         extra += semu_balance.balance_flags(args, sets, cluster.devices_per_node)
         loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
-        spec = loaded.semu
+        spec = semu_balance.with_sharding(loaded.semu, args)
         post_balance = loaded.run.balance.post_balance
         semu_balance.check_flags(args, post_balance)
         check_samples = _sample_checks(loaded.run)
@@ -310,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reuse=not args.no_reuse,
             overlap_grad_reduce=args.overlap_grad_reduce,
             bucket_params=args.ddp_bucket_size,
+            overlap_param_gather=args.overlap_param_gather,
         )
         balanced, held, plan = None, {}, None
         if post_balance != "none" and spec.parallel.pipeline == 1:
@@ -374,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             info["simulation_s"] = time.perf_counter() - t0
         info["post_balance"] = post_balance
         info["overlap_grad_reduce"] = args.overlap_grad_reduce
+        info["overlap_param_gather"] = args.overlap_param_gather
+        info["data_parallel_sharding"] = spec.parallel.data_parallel_sharding
         if balanced is not None:
             info["balance"] = semu_balance.balance_info(balanced)
     except (WorkloadError, ScheduleError, ValueError) as e:  # ConfigError is a ValueError

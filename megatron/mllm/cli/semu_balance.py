@@ -13,17 +13,20 @@ balancing ahead of the pipeline the schedule names (:func:`build_step`'s ``balan
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any, Callable
 
 from megatron.mllm.arguments import ConfigError
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from pipeweaver.ir import Memory
+from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.packed_baseline import packed_batches
 from pipeweaver.semu.post_balance import (
     BalancedBatches,
     PostBalanceSetup,
     gathered_metadata,
+    link_exchange_cost,
     phase_balanced_batches,
     sample_balanced_batches,
     simulate_phase_balanced,
@@ -55,6 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="with --overlap-grad-reduce: Megatron's --ddp-bucket-size in parameters (default "
         "max(40M, 1M x DP), megatron-core's)",
+    )
+    parser.add_argument(
+        "--overlap-param-gather",
+        action="store_true",
+        help="Megatron's --overlap-param-gather with --use-distributed-optimizer: the updated "
+        "weights all-gathered during the next forward, one layer ahead of it",
+    )
+    parser.add_argument(
+        "--data-parallel-sharding-strategy",
+        choices=["optim", "optim_grads", "optim_grads_params"],
+        help="Megatron-FSDP (--use-megatron-fsdp): shard the optimizer states, the gradients, "
+        "the weights over DP, with its per-layer collectives (SEMU only: the trainer refuses "
+        "FSDP; replaces a config's parallel_overrides)",
     )
 
 
@@ -170,6 +186,10 @@ def phase_balanced_step(
         The step, the batches it ran, and the ``info`` of :func:`build_step`'s form.
     """
     setup = setup_of(loaded)
+    # The planner's gain-versus-exchange check, priced on the cluster's links (one DP group).
+    ranks = [semu.tp * d for d in range(semu.dp)]
+    exchange = link_exchange_cost(semu, setup.payload, ranks)
+    setup = dataclasses.replace(setup, exchange=exchange)
     spec = loaded.semu
     dp = semu.dp
     m = spec.training.num_microbatches(dp)
@@ -230,3 +250,20 @@ def balance_info(batches: BalancedBatches) -> dict[str, Any]:
         out["imbalance_after"] = {"groups": plan.imbalance_after}
     out["microbatches_per_rank"] = [len(mbs) for mbs in batches.microbatches]
     return out
+
+
+def with_sharding(spec: ModelSpec, args: argparse.Namespace) -> ModelSpec:
+    """SEMU's spec with ``--data-parallel-sharding-strategy`` applied.
+
+    Raises:
+        ConfigError: ``--overlap-param-gather`` without a sharded optimizer (Megatron asserts
+            ``--use-distributed-optimizer`` for it).
+    """
+    if args.data_parallel_sharding_strategy:
+        parallel = dataclasses.replace(
+            spec.parallel, data_parallel_sharding=args.data_parallel_sharding_strategy
+        )
+        spec = dataclasses.replace(spec, parallel=parallel)
+    if args.overlap_param_gather and not spec.parallel.sharded("optim"):
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer (Megatron's)")
+    return spec
