@@ -6,9 +6,10 @@ Each step adds one of DIP's techniques to the previous one, on one step's microb
 1. ``megatron``: DIP's baseline, Megatron's (interleaved) 1F1B on the parameter-balanced layout
    (:meth:`~pipeweaver.placement.Placement.balanced_params`: every module's layers, encoders
    first, in P x K consecutive stages), whole microbatches padded to the sequence length as
-   Megatron pads, and recompute as needed to fit: every chunk recomputed (Megatron's
-   ``--recompute-granularity full``, the IR's per-chunk :attr:`Memory.RECOMPUTE`) when the peak
-   without it exceeds the device memory;
+   Megatron pads, and the least recompute that fits, as a user would choose it: none, else
+   Megatron's block recompute of each chunk's first n layers (``--recompute-granularity full
+   --recompute-method block --recompute-num-layers n``, n = 1, 2, 4, ...), else every chunk
+   recomputed whole (the IR's per-chunk :attr:`Memory.RECOMPUTE`);
 2. ``partitioner``: DIP's modality-aware partitioning (:mod:`pipeweaver.search.partition`:
    B_i units per encoder sub-microbatch, K_i chunks per stage, layers split by cost), the
    microbatches unpadded as the runtime runs them and cut into sub-microbatches, still under a
@@ -38,6 +39,7 @@ Every schedule passes :func:`pipeweaver.checker.check`; each step reports SEMU's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -50,7 +52,7 @@ from pipeweaver.search.memory_plan import DEFAULT_STRATEGIES, StrategyCosts, pla
 from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.hardware import ClusterSpec
-from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.model import LayerRecompute, ModelSpec
 from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
@@ -149,7 +151,9 @@ class _Steps:
         )  # fmt: skip
 
     def megatron_order(self, name: str, **build) -> tuple[AblationStep, list[MicrobatchMeta]]:
-        """A Megatron schedule, every chunk recomputed when the peak without exceeds memory."""
+        """A Megatron schedule with the least recompute that fits (:data:`BLOCK_RECOMPUTE`):
+        none, else Megatron's block recompute of each chunk's first n layers for growing n,
+        else every chunk recomputed whole."""
         scheds, mbs, _ = build_step(
             self.spec, self.cluster, memory=Memory.NONE, replicas=1, **build
         )
@@ -157,6 +161,25 @@ class _Steps:
         if kept.fits:
             self.since = time.perf_counter()
             return kept, mbs[0]
+        deepest = max(c.num_layers for m in scheds[0].placement.modules
+                      for c in scheds[0].placement.chunks[m])  # fmt: skip
+        for n in (n for n in BLOCK_RECOMPUTE if n < deepest):
+            spec = _with_block_recompute(self.spec, n)
+            scheds_n, mbs_n, _ = build_step(
+                spec, self.cluster, memory=Memory.NONE, replicas=1, **build
+            )
+            pred = Semu(spec, self.cluster, self.semu.cost.calibration).simulate_step(
+                [scheds_n[0]], [list(mbs_n[0])], record_events=False
+            )
+            if self.device is None or max(pred.peak_memory_bytes) <= self.device:
+                check(scheds_n[0])
+                now = time.perf_counter()
+                wall, self.since = now - self.since, now
+                return AblationStep(
+                    name, pred.step_time_s, tuple(pred.peak_memory_bytes), self.device,
+                    f"block recompute of {n} layers per chunk", scheds_n[0], wall_s=wall,
+                    mfu=pred.mfu, peak_without_recompute_bytes=kept.peak_memory_bytes,
+                ), mbs_n[0]  # fmt: skip
         scheds, mbs, _ = build_step(
             self.spec, self.cluster, memory=Memory.RECOMPUTE, replicas=1, **build
         )
@@ -165,6 +188,20 @@ class _Steps:
             peak_without_recompute_bytes=kept.peak_memory_bytes,
         )  # fmt: skip
         return out, mbs[0]
+
+
+BLOCK_RECOMPUTE: tuple[int, ...] = (1, 2, 4, 8, 16)
+"""Megatron's ``--recompute-num-layers`` (block method) tried in turn by steps 1 and 2 before
+recomputing every chunk: a user recomputes as little as fits."""
+
+
+def _with_block_recompute(spec: ModelSpec, n: int) -> ModelSpec:
+    """``spec`` with Megatron's ``--recompute-granularity full --recompute-method block
+    --recompute-num-layers n``."""
+    recompute = LayerRecompute("full", "block", n)
+    return dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, recompute=recompute)
+    )
 
 
 def ablation_steps(

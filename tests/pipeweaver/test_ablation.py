@@ -12,7 +12,13 @@ from megatron.mllm.arguments import ONE_REPLICA
 from megatron.mllm.config_files import flag_argv, run_from_flags, set_flags
 from pipeweaver.checker import check
 from pipeweaver.ir import Kind, Memory
-from pipeweaver.search.ablation import DIP_TABLE5_S, ablation_steps, format_table
+from pipeweaver.search.ablation import (
+    BLOCK_RECOMPUTE,
+    DIP_TABLE5_S,
+    _with_block_recompute,
+    ablation_steps,
+    format_table,
+)
 from pipeweaver.search.memory_limit import GIB, memory_limit_bytes
 from pipeweaver.search.partition import EncoderLoad, FlopCosts, WorkloadShape, plan_partition
 from pipeweaver.semu.hardware import ClusterSpec
@@ -116,12 +122,23 @@ def test_a_tight_limit_forces_recompute_and_the_plan_fits_it():
     )
     recompute_peak = max(semu.simulate_step(scheds, mbs).peak_memory_bytes)
     assert recompute_peak < none_peak
-    # A device between the baseline's peaks with and without recompute.
-    limit_gb = (recompute_peak + none_peak) / 2 / GIB
+    # Megatron's block recompute of n layers per chunk, every n the ladder tries, by brute force.
+    deepest = max(c.num_layers for cps in scheds[0].placement.chunks.values() for c in cps)
+    block_peaks = {}
+    for n in (n for n in BLOCK_RECOMPUTE if n < deepest):
+        spec_n = _with_block_recompute(spec, n)
+        sch, mb, _ = build_step(spec_n, cluster, placement="balanced", replicas=1)
+        block_peaks[n] = max(Semu(spec_n, cluster).simulate_step(sch, mb).peak_memory_bytes)
+    assert block_peaks and all(p < none_peak for p in block_peaks.values())
+    # A device between the least block recompute's peak and the peak without recompute: the
+    # step takes the least recompute that fits (brute force's first n), not every chunk.
+    limit_gb = (min(block_peaks.values()) + none_peak) / 2 / GIB
     semu, steps = _run(limit_gb)
-    assert steps[0].memory == "recompute" and _recomputed(steps[0].schedule) > 0
+    first = min(n for n, p in block_peaks.items() if p <= limit_gb * GIB)
+    assert steps[0].memory == f"block recompute of {first} layers per chunk"
+    assert _recomputed(steps[0].schedule) == 0  # inside the chunks, not the IR's strategy
     assert max(steps[0].peak_without_recompute_bytes) == pytest.approx(none_peak)
-    assert steps[0].fits and max(steps[0].peak_memory_bytes) == pytest.approx(recompute_peak)
+    assert steps[0].fits and max(steps[0].peak_memory_bytes) == pytest.approx(block_peaks[first])
     placement = steps[2].schedule.placement
     kept = semu.activation_bytes(placement, _mbs())
     limits = memory_limit_bytes(None, semu.static_bytes(placement), limit_gb)

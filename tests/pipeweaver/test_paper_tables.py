@@ -108,7 +108,7 @@ def test_megatron_fit_takes_the_least_recompute_that_fits(pt, monkeypatch):
     monkeypatch.setattr(pt, "semu_json", fake(1000))  # fits nothing
     got, used = pt.megatron_fit(["--model", "m"])
     assert used[-2:] == ["--memory", "recompute"] and got["over_memory_ranks"]
-    assert len(calls) == 2 + len(pt.BLOCK_RECOMPUTE_LAYERS)
+    assert len(calls) == 2 + len(pt.BLOCK_RECOMPUTE)
 
 
 def test_table1_configs_hold_the_tables_flops(pt):

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from megatron.mllm.cli import semu as semu_cli
+from pipeweaver.search.ablation import BLOCK_RECOMPUTE
 
 PAPER_T4 = {"fsdp": 40.270, "megatron": 39.053, "dip": 28.606}
 """DIP's Table 4: seconds per iteration, VLM-S on 16 H20."""
@@ -183,21 +184,18 @@ def semu_json(argv: list[str]) -> dict:
     return json.loads(out.getvalue())
 
 
-BLOCK_RECOMPUTE_LAYERS = (1, 2, 4, 8, 16)
-"""``--recompute-num-layers`` tried in turn by :func:`megatron_fit` (block method)."""
-
-
 def megatron_fit(argv: list[str]) -> tuple[dict, list[str]]:
     """Megatron's step as a user who must fit the device's memory runs it: ``ARGV`` as is;
     else the least recompute that fits, Megatron's ``--recompute-granularity full
     --recompute-method block --recompute-num-layers N`` for N in
-    :data:`BLOCK_RECOMPUTE_LAYERS` (each chunk's first N layers keep only their inputs);
+    :data:`~pipeweaver.search.ablation.BLOCK_RECOMPUTE`, the ablation's (each chunk's first N
+    layers keep only their inputs);
     else every chunk recomputed whole (``--memory recompute``), kept even when that does not
     fit either. Returns the JSON and the argv that gave it."""
     got = semu_json(argv)
     if not got.get("over_memory_ranks"):
         return got, argv
-    for n in BLOCK_RECOMPUTE_LAYERS:
+    for n in BLOCK_RECOMPUTE:
         tried = [*argv, "--set", "recompute-granularity=full", "--set", "recompute-method=block",
                  "--set", f"recompute-num-layers={n}"]  # fmt: skip
         got = semu_json(tried)
@@ -256,6 +254,10 @@ def _megatron_step_command(cluster: str, step: dict) -> str:
     argv = ["--model", "vlm-s", "--cluster", cluster, "--placement", "balanced", "--replicas", "1"]
     if step["memory"].startswith("recompute"):
         argv += ["--memory", "recompute"]
+    elif step["memory"].startswith("block recompute of "):
+        n = step["memory"].split()[3]
+        argv += ["--set", "recompute-granularity=full", "--set", "recompute-method=block",
+                 "--set", f"recompute-num-layers={n}"]  # fmt: skip
     return _command("tools/semu.py", argv) + " (= dip_ablation step 1)"
 
 
