@@ -190,22 +190,23 @@ class Compute:
                     raise ScheduleError(f"{name} must be an int >= 0, got {value!r}")
         if sub != 0 and module == "llm":
             raise ScheduleError(f"the LLM has no sub-microbatches, got sub {sub}")
-        layers = self.recompute_layers
+        memory = self.memory
         # One test in the common case (no layer count, not LAYERS).
-        if layers or self.memory is Memory.LAYERS:
-            if self.memory is not Memory.LAYERS:
+        if self.recompute_layers or memory is Memory.LAYERS:
+            layers = self.recompute_layers
+            if memory is not Memory.LAYERS:
                 raise ScheduleError(
                     f"recompute_layers applies to memory strategy layers only, got {layers} "
-                    f"with {self.memory.value}"
+                    f"with {memory.value}"
                 )
             if type(layers) is not int or layers < 1:
                 raise ScheduleError(f"recompute_layers must be an int >= 1, got {layers!r}")
         # Simulators and checkers hash actions millions of times: hash once, on plain values
-        # (``_value_`` is what the enums' ``value`` property returns, without its lookup).
+        # (``_value_`` is what the enums' ``value`` property returns, without its lookup). The
+        # layer count is left out, as cheap as before: only first-n variants of one compute
+        # share a hash, and equality tells them apart.
         object.__setattr__(
-            self,
-            "_hash",
-            hash((module, chunk, self.kind._value_, microbatch, sub, self.memory._value_, layers)),
+            self, "_hash", hash((module, chunk, self.kind._value_, microbatch, sub, memory._value_))
         )
 
     def __hash__(self) -> int:
