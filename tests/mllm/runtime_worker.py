@@ -28,6 +28,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from megatron.core.transformer.attention import Attention
+from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.mllm.arguments import parse_arguments
 from megatron.mllm.calibration.probes import SavedTensorTracker
 from megatron.mllm.run_config import RunConfig
@@ -203,6 +205,22 @@ def strategies(out_dir: str, count: int, flags: list[str]) -> None:
     own = runtime.schedule_fn
     runs = {}
 
+    def settings() -> list:
+        """The recompute settings of every block and attention on this rank (the run's flags)."""
+        out = []
+        for chunk in trainer.model.chunks.values():
+            for m in chunk.modules():
+                if isinstance(m, TransformerBlock):
+                    c = m.config
+                    out.append(
+                        (c.recompute_granularity, c.recompute_method, c.recompute_num_layers)
+                    )
+                elif isinstance(m, Attention):
+                    out.append(m.checkpoint_core_attention)
+        return out
+
+    flags = settings()
+
     def run(name: str, tracked: bool = False) -> None:
         tracker = SavedTensorTracker(trainer.model.parameters())
         with tracker.hooks() if tracked else contextlib.nullcontext():
@@ -211,6 +229,8 @@ def strategies(out_dir: str, count: int, flags: list[str]) -> None:
         if losses:
             loss = torch.stack([d["lm loss"] for d in losses]).sum(0)
         runs[name] = {"grads": trainer.main_grads(), "loss": loss, "peak": tracker.peak}
+        # Each pair's recompute was set for its own computes only: the run's flags are back.
+        assert settings() == flags, f"{name} left {settings()}, the run's flags are {flags}"
         used = sorted({a.strategy for a in runtime.last_schedule.computes(trainer.pp_rank)})
         print(f"rank {dist.get_rank()}: ran {name} with {used}", flush=True)
 
