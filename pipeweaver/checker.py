@@ -169,10 +169,10 @@ def _check_actions(schedule: Schedule, flow) -> None:
     for key, (r, i, a) in seen.items():
         if a.kind is Kind.B:
             f = seen[key.partner()][2]
-            if f.memory is not a.memory:
+            if f.memory is not a.memory or f.recompute_layers != a.recompute_layers:
                 raise ScheduleError(
-                    f"its forward {f} uses memory strategy {f.memory.value}, this backward "
-                    f"{a.memory.value}; an F/B pair uses one strategy",
+                    f"its forward {f} uses memory strategy {f.strategy}, this backward "
+                    f"{a.strategy}; an F/B pair uses one strategy",
                     r,
                     i,
                     a,
@@ -308,7 +308,7 @@ def _valid_actions(schedule: Schedule, flow) -> bool:
     none = Memory.NONE
     F = Kind.F
     seen: set = set()
-    memory_of: dict[Compute, Memory] = {}
+    memory_of: dict[Compute, Compute] = {}  # F key -> the F as run (its strategy)
     consumer_ranks_of: dict[tuple, frozenset[int]] = {}
     sent: dict[tuple[int, int], list] = defaultdict(list)
     received: dict[tuple[int, int], list] = defaultdict(list)
@@ -328,7 +328,8 @@ def _valid_actions(schedule: Schedule, flow) -> bool:
                     f = key.partner()
                     if f not in have:  # its F runs on this rank (same chunk), earlier
                         return False
-                    if memory_of[f] is not a.memory:
+                    run = memory_of[f]
+                    if run.memory is not a.memory or run.recompute_layers != a.recompute_layers:
                         return False
                 for producer, part in ins:
                     if home[producer.module][producer.chunk] == r:
@@ -338,7 +339,7 @@ def _valid_actions(schedule: Schedule, flow) -> bool:
                         return False
                 seen.add(key)
                 have.add(key)
-                memory_of[key] = a.memory
+                memory_of[key] = a
                 continue
             if t is not Comm:
                 return False

@@ -39,9 +39,18 @@ def random_valid_schedule(
     rng: random.Random,
     memories: Sequence[Memory] = (Memory.NONE, Memory.RECOMPUTE),
 ) -> Schedule:
-    """A random valid, lowered schedule."""
+    """A random valid, lowered schedule; each F/B pair gets one of ``memories`` (with
+    :attr:`Memory.LAYERS`, a random count of its chunk's first layers: 1 to all but one)."""
     computes = list(all_computes(placement, structure))
-    memory = {a: rng.choice(memories) for a in computes if a.kind is Kind.F}
+    memory = {}
+    for a in computes:
+        if a.kind is Kind.F:
+            m = rng.choice(memories)
+            n = 0
+            if m is Memory.LAYERS:
+                start, stop = placement.layer_range(a.module, a.chunk)
+                n = rng.randint(1, max(1, stop - start - 1))
+            memory[a] = (m, n)
     missing, dependents = dependency_graph(computes, placement, structure)
     ready = [[] for _ in range(placement.num_ranks)]
     for a in computes:
@@ -52,7 +61,7 @@ def random_valid_schedule(
         r = rng.choice([r for r in range(placement.num_ranks) if ready[r]])
         a = ready[r].pop(rng.randrange(len(ready[r])))
         f = a if a.kind is Kind.F else a.partner()
-        order[r].append(a.with_memory(memory[f]))
+        order[r].append(a.with_memory(*memory[f]))
         for d in dependents[a]:
             missing[d] -= 1
             if missing[d] == 0:

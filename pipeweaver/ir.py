@@ -26,11 +26,13 @@ String form, compact and round-trippable (``parse(str(a)) == a``)::
     comm    := ("s" | "r") PEER ":" MODULE CHUNK KIND MICROBATCH ["." SUB] ["@" MODULE "." SUB]
     MODULE  := "v" | "a" | "l"          vision, audio, llm
     KIND    := "F" | "B"
-    MEMORY  := "r" | "o"                recompute, offload (absent: keep activations)
+    MEMORY  := "r" | "o" | "s" | "l" N  recompute, offload, selective, first N layers
+                                        (absent: keep activations)
 
 Encoder computes always print their sub, LLM computes never do: ``v1F3.0`` is vision chunk 1,
 forward, microbatch 3, sub 0; ``l0B2+r`` is the backward of LLM chunk 0 on microbatch 2 with
-the chunk recomputed. ``s1:v1F3.0`` sends the output of ``v1F3.0`` to rank 1; ``r0:l0B2@v.1``
+the chunk recomputed, ``l0B2+s`` with its core attention recomputed, ``l0B2+l3`` with its first
+3 layers recomputed. ``s1:v1F3.0`` sends the output of ``v1F3.0`` to rank 1; ``r0:l0B2@v.1``
 receives from rank 0 the part of ``l0B2``'s input gradient that belongs to vision sub 1.
 """
 
@@ -118,8 +120,22 @@ class Memory(str, Enum):
     OFFLOAD = "offload"
     """Move the activations to host memory after the forward and back before the backward."""
 
+    SELECTIVE = "selective"
+    """Keep everything but each layer's core attention, which the backward reruns (Megatron's
+    ``--recompute-granularity selective``, for this pair only)."""
 
-_MEMORY_MARK = {Memory.RECOMPUTE: "r", Memory.OFFLOAD: "o"}
+    LAYERS = "layers"
+    """Keep only the inputs of the chunk's first :attr:`Compute.recompute_layers` layers,
+    whose forwards the backward reruns, and everything of the others (Megatron's
+    ``--recompute-method block --recompute-num-layers n``, for this pair only)."""
+
+
+_MEMORY_MARK = {
+    Memory.RECOMPUTE: "r",
+    Memory.OFFLOAD: "o",
+    Memory.SELECTIVE: "s",
+    Memory.LAYERS: "l",
+}
 _MARK_MEMORY = {v: k for k, v in _MEMORY_MARK.items()}
 
 
@@ -144,6 +160,10 @@ class Compute:
 
     memory: Memory = Memory.NONE
     """Memory strategy of this compute (the same on both halves of its F/B pair)."""
+
+    recompute_layers: int = 0
+    """With :attr:`Memory.LAYERS`, how many of the chunk's first layers are recomputed (>= 1);
+    0 with every other strategy."""
 
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
@@ -170,12 +190,23 @@ class Compute:
                     raise ScheduleError(f"{name} must be an int >= 0, got {value!r}")
         if sub != 0 and module == "llm":
             raise ScheduleError(f"the LLM has no sub-microbatches, got sub {sub}")
+        memory = self.memory
+        # One test in the common case (no layer count, not LAYERS).
+        if self.recompute_layers or memory is Memory.LAYERS:
+            layers = self.recompute_layers
+            if memory is not Memory.LAYERS:
+                raise ScheduleError(
+                    f"recompute_layers applies to memory strategy layers only, got {layers} "
+                    f"with {memory.value}"
+                )
+            if type(layers) is not int or layers < 1:
+                raise ScheduleError(f"recompute_layers must be an int >= 1, got {layers!r}")
         # Simulators and checkers hash actions millions of times: hash once, on plain values
-        # (``_value_`` is what the enums' ``value`` property returns, without its lookup).
+        # (``_value_`` is what the enums' ``value`` property returns, without its lookup). The
+        # layer count is left out, as cheap as before: only first-n variants of one compute
+        # share a hash, and equality tells them apart.
         object.__setattr__(
-            self,
-            "_hash",
-            hash((module, chunk, self.kind._value_, microbatch, sub, self.memory._value_)),
+            self, "_hash", hash((module, chunk, self.kind._value_, microbatch, sub, memory._value_))
         )
 
     def __hash__(self) -> int:
@@ -183,7 +214,8 @@ class Compute:
 
     @property
     def key(self) -> "Compute":
-        """The compute itself, without its memory strategy: the id of the tensor it produces."""
+        """The compute itself, without its memory strategy (nor its layer count): the id of the
+        tensor it produces."""
         if self.memory is Memory.NONE:
             return self
         return Compute(self.module, self.chunk, self.kind, self.microbatch, self.sub)
@@ -191,11 +223,25 @@ class Compute:
     def partner(self) -> "Compute":
         """The other half of the F/B pair: the B of an F, the F of a B (same memory)."""
         other = Kind.B if self.kind is Kind.F else Kind.F
-        return Compute(self.module, self.chunk, other, self.microbatch, self.sub, self.memory)
+        return Compute(
+            self.module, self.chunk, other, self.microbatch, self.sub, self.memory,
+            self.recompute_layers,
+        )  # fmt: skip
 
-    def with_memory(self, memory: Memory | str) -> "Compute":
-        """The same compute with another memory strategy."""
-        return Compute(self.module, self.chunk, self.kind, self.microbatch, self.sub, memory)
+    def with_memory(self, memory: Memory | str, recompute_layers: int = 0) -> "Compute":
+        """The same compute with another memory strategy (``recompute_layers`` with
+        :attr:`Memory.LAYERS`)."""
+        return Compute(
+            self.module, self.chunk, self.kind, self.microbatch, self.sub, memory, recompute_layers
+        )
+
+    @property
+    def strategy(self) -> str:
+        """The memory strategy as one word: the :class:`Memory` value, or ``layers<n>`` for the
+        first n layers recomputed (SEMU's and the plans' name of it)."""
+        if self.memory is Memory.LAYERS:
+            return f"layers{self.recompute_layers}"
+        return self.memory._value_
 
     def _id(self) -> str:
         sub = "" if self.module == "llm" else f".{self.sub}"
@@ -203,7 +249,9 @@ class Compute:
 
     def __str__(self) -> str:
         mark = _MEMORY_MARK.get(self.memory)
-        return self._id() + (f"+{mark}" if mark else "")
+        if not mark:
+            return self._id()
+        return f"{self._id()}+{mark}{self.recompute_layers or ''}"
 
     def __repr__(self) -> str:
         return f"Compute({self})"
@@ -313,7 +361,7 @@ Action = Union[Compute, Comm]
 _MODULE_RE = "[" + "".join(MODULE_LETTER[m] for m in MODULES) + "]"
 _ENCODER_RE = "[" + "".join(MODULE_LETTER[m] for m in ENCODERS) + "]"
 _COMPUTE_RE = rf"({_MODULE_RE})(\d+)([FB])(\d+)(?:\.(\d+))?"
-_COMPUTE = re.compile(rf"^{_COMPUTE_RE}(?:\+([ro]))?$")
+_COMPUTE = re.compile(rf"^{_COMPUTE_RE}(?:\+([ros]|l(\d+)))?$")
 _COMM = re.compile(rf"^([sr])(\d+):{_COMPUTE_RE}(?:@({_ENCODER_RE})\.(\d+))?$")
 
 
@@ -326,14 +374,15 @@ def parse(text: str) -> Action:
     s = text.strip()
     m = _COMPUTE.match(s)
     if m:
-        letter, chunk, kind, mb, sub, mark = m.groups()
+        letter, chunk, kind, mb, sub, mark, layers = m.groups()
         return Compute(
             LETTER_MODULE[letter],
             int(chunk),
             Kind(kind),
             int(mb),
             int(sub or 0),
-            _MARK_MEMORY[mark] if mark else Memory.NONE,
+            Memory.LAYERS if layers else (_MARK_MEMORY[mark] if mark else Memory.NONE),
+            int(layers or 0),
         )
     m = _COMM.match(s)
     if m:

@@ -15,8 +15,11 @@ asks its schedule function for a schedule in the IR, validates it with the stati
 * a forward gathers its inputs (the previous chunk's output, local or received; for LLM chunk
   0, every encoder sub's projected rows), runs the chunk, and keeps what its backward needs,
   as its own memory strategy says (every action carries one): everything; only the inputs
-  (recompute: the backward reruns the forward first); or everything moved to host memory as
-  autograd saves it and back as the backward reads it (offload);
+  (recompute: the backward reruns the forward first); everything moved to host memory as
+  autograd saves it and back as the backward reads it (offload); or what megatron-core's own
+  recompute keeps, set on the chunk for this pair (selective: all but the core attention; the
+  first n layers' inputs and the other layers' everything:
+  :mod:`pipeweaver.runtime.layer_recompute`);
 * a backward takes its output gradient (local or received), runs the chunk's backward and
   routes the input gradients to the producers, part by part for LLM chunk 0;
 * sends are ``isend`` and never block; the matching ``irecv`` are posted ahead (no later than
@@ -50,6 +53,7 @@ from pipeweaver.checker import check
 from pipeweaver.dataflow import MicrobatchStructure, consumers, data_inputs
 from pipeweaver.ir import Comm, Compute, Kind, Memory, ScheduleError
 from pipeweaver.placement import Placement
+from pipeweaver.runtime.layer_recompute import pair_recompute
 from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.schedule import Schedule
 
@@ -351,10 +355,15 @@ class _Step:
 
     def _run_forward(self, a: Compute, inputs: list, store: list):
         batch = self.microbatches[a.microbatch].compute_batch(a.module, a.chunk, a.sub)
+        module = self.rt.chunk_module(a.module, a.chunk)
+        with pair_recompute(module, a):
+            return self._forward_step(a, module, batch, inputs, store)
+
+    def _forward_step(self, a: Compute, module, batch, inputs: list, store: list):
         output, tokens = forward_step(
             self.forward_step_func,
             iter([batch]),
-            self.rt.chunk_module(a.module, a.chunk),
+            module,
             len(self.microbatches),
             inputs,
             store,
@@ -404,7 +413,9 @@ class _Step:
         # The output gradient (none for the loss compute, whose backward starts from the loss).
         edges = data_inputs(a, self.placement, self.structure)
         grad = self._take(edges[0], activation=False) if edges else None
-        grads = backward_step(inputs, out, grad, self.config)
+        # A checkpoint of megatron-core's recompute reruns its forward here: the same settings.
+        with pair_recompute(self.rt.chunk_module(a.module, a.chunk), a):
+            grads = backward_step(inputs, out, grad, self.config)
         # One input gradient per input of the forward; consumers() lists their consumers in the
         # order of the forward's data_inputs(), which is the order of ``inputs``.
         for (consumer, part), g in zip(consumers(a, self.placement, self.structure), grads):

@@ -2,10 +2,14 @@
 """Phase 3 of the planner: the memory strategy of every F/B pair, by one ILP per rank.
 
 Given a schedule's order (phase 2's, :func:`pipeweaver.interleave.greedy_dual_queue`) and a
-per-rank activation limit (:mod:`pipeweaver.search.memory_limit`), each F/B pair gets one of a
-few candidate strategies (:class:`~pipeweaver.ir.Memory`): keep everything, recompute the chunk
-in the backward, or offload the activations to the host (only where a GPU has a host to offload
-to). Each candidate carries SEMU's times of the pair's forward and backward and its memory: the
+per-rank activation limit (:mod:`pipeweaver.search.memory_limit`), each F/B pair gets one of its
+candidate strategies (:class:`~pipeweaver.ir.Memory`): keep everything; recompute each layer's
+core attention in the backward (selective); recompute the chunk's first n layers, keeping only
+their inputs and everything of the others, for each n from 1 to all but one of the chunk's
+layers; recompute the whole chunk; or offload the activations to the host (only where a GPU has
+a host to offload to). Of a pair's candidates at most S (10 by default) are kept: the dominated
+ones dropped, then the fastest, the most frugal, and the fastest of each band of kept bytes
+between them (:func:`select_candidates`). Each candidate carries SEMU's times of the pair's forward and backward and its memory: the
 bytes kept from the F to the B and the transient bytes alive during each half. Per rank:
 
     minimise   sum_{p,s} (t_F[p,s] + t_B[p,s]) x[p,s]
@@ -23,8 +27,9 @@ The order is fixed: choosing strategies changes compute times, and so the times 
 order of phase 2 would have put computes, but the ILP keeps phase 2's order (as DIP does); the
 rank's compute time it minimises is the sum of its computes, independent of the order.
 
-Strategies the IR does not carry (selective recompute of core attention, recompute of a chunk's
-first n layers) are not candidates: the runtime could not execute them.
+Every candidate is one the runtime executes (:mod:`pipeweaver.runtime.executor`; selective and
+first-n run megatron-core's own recompute for that pair, :mod:`pipeweaver.runtime.layer_recompute`)
+and SEMU models as it runs (:meth:`pipeweaver.semu.work.ModelCosts.recompute_of`).
 """
 
 from __future__ import annotations
@@ -41,8 +46,17 @@ from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.schedule import Schedule
 
-DEFAULT_STRATEGIES: tuple[Memory, ...] = (Memory.NONE, Memory.RECOMPUTE)
-"""What the runtime executes on any device; add :attr:`Memory.OFFLOAD` where a GPU is."""
+DEFAULT_STRATEGIES: tuple[Memory, ...] = (
+    Memory.NONE,
+    Memory.SELECTIVE,
+    Memory.LAYERS,
+    Memory.RECOMPUTE,
+)
+"""What the runtime executes on any device (:attr:`Memory.LAYERS` stands for every count of a
+chunk's first layers, 1 to all but one); add :attr:`Memory.OFFLOAD` where a GPU is."""
+
+Strategy = tuple[Memory, int]
+"""A pair's strategy: the memory and, with :attr:`Memory.LAYERS`, the count of first layers."""
 
 _MARGIN = 1e-6
 """Relative slack below each limit for a second solve, when HiGHS's feasibility tolerance let
@@ -71,6 +85,14 @@ class Candidate:
     backward_transient_bytes: float
     """Extra bytes alive during the backward only (recomputed or reloaded activations)."""
 
+    recompute_layers: int = 0
+    """With :attr:`Memory.LAYERS`, the chunk's first layers recomputed."""
+
+    @property
+    def strategy(self) -> Strategy:
+        """``(memory, recompute_layers)``."""
+        return self.memory, self.recompute_layers
+
     @property
     def time_s(self) -> float:
         """Time of the pair: forward plus backward."""
@@ -84,21 +106,46 @@ class StrategyCosts:
         cost: ``compute -> (time_s, kept_bytes, transient_bytes)`` for a compute carrying its
             strategy (a :class:`~pipeweaver.semu.timing.ComputeCost` or any object with those
             attributes); ``kept_bytes`` is read from the forward.
+        chunk_layers: the layers of a compute's chunk, to expand :attr:`Memory.LAYERS` into
+            one candidate per count (None: no first-n candidates).
     """
 
-    def __init__(self, cost: Callable[[Compute], object]):
+    def __init__(
+        self,
+        cost: Callable[[Compute], object],
+        chunk_layers: Callable[[Compute], int] | None = None,
+    ):
         self._cost = cost
+        self._chunk_layers = chunk_layers
         self._cache: dict[Compute, Candidate] = {}
 
     @classmethod
     def from_semu(cls, semu, placement, microbatches: Sequence) -> "StrategyCosts":
         """SEMU's costs (:meth:`~pipeweaver.semu.simulator.Semu.compute_cost`) of one step's
         microbatches (indexed by :attr:`Compute.microbatch`) on a placement."""
-        return cls(lambda a: semu.compute_cost(placement, a, microbatches[a.microbatch]))
 
-    def candidate(self, forward: Compute, memory: Memory) -> Candidate:
-        """The pair of ``forward`` (an F) under ``memory``."""
-        f = forward.with_memory(memory)
+        def layers(a: Compute) -> int:
+            start, stop = placement.layer_range(a.module, a.chunk)
+            return stop - start
+
+        return cls(lambda a: semu.compute_cost(placement, a, microbatches[a.microbatch]), layers)
+
+    def strategies(self, forward: Compute, memories: Sequence[Memory]) -> list[Strategy]:
+        """The strategies of ``forward``'s pair among ``memories``: :attr:`Memory.LAYERS` as one
+        per count of first layers, 1 to all but one of its chunk's (all of them is
+        :attr:`Memory.RECOMPUTE`'s memory with more reruns; none where the chunk has one)."""
+        out: list[Strategy] = []
+        for m in memories:
+            m = Memory(m)
+            if m is not Memory.LAYERS:
+                out.append((m, 0))
+            elif self._chunk_layers is not None:
+                out.extend((m, n) for n in range(1, self._chunk_layers(forward)))
+        return out
+
+    def candidate(self, forward: Compute, memory: Memory, recompute_layers: int = 0) -> Candidate:
+        """The pair of ``forward`` (an F) under ``memory`` (and its layer count)."""
+        f = forward.with_memory(memory, recompute_layers)
         c = self._cache.get(f)
         if c is None:
             cf, cb = self._cost(f), self._cost(f.partner())
@@ -109,6 +156,7 @@ class StrategyCosts:
                 float(cf.kept_bytes),
                 float(cf.transient_bytes),
                 float(cb.transient_bytes),
+                recompute_layers,
             )
         return c
 
@@ -164,6 +212,9 @@ class MemoryPlan:
     choices: Mapping[Compute, Memory]
     """Per F/B pair (keyed by its forward, without strategy), the chosen strategy."""
 
+    recompute_layers: Mapping[Compute, int]
+    """Per F/B pair whose choice is :attr:`Memory.LAYERS`, the count of first layers."""
+
     predicted_time_s: tuple[float, ...]
     """Per rank, the sum of its computes' times under the choice (SEMU's costs)."""
 
@@ -218,7 +269,9 @@ def _rank_problem(
         else:
             span[index[f]][1] = i
     options = [
-        select_candidates([costs.candidate(f, m) for m in strategies], max_candidates)
+        select_candidates(
+            [costs.candidate(f, m, n) for m, n in costs.strategies(f, strategies)], max_candidates
+        )
         for f in pairs
     ]
     # Pairs sorted by forward position, to find the ones alive at each compute.
@@ -379,7 +432,7 @@ def plan_rank(
     max_candidates: int = 10,
     gap: float = 0.05,
     time_limit_s: float = 10.0,
-) -> tuple[dict[Compute, Memory], float, float, bool]:
+) -> tuple[dict[Compute, Strategy], float, float, bool]:
     """One rank's choice: ``(strategy per pair, compute time, peak bytes, proven)``.
 
     Raises:
@@ -407,7 +460,7 @@ def plan_rank(
             )
         choice = min(feasible, key=lambda c: _cost_of(problem, c))
         proven = proven and choice is found
-    chosen = {f: problem.options[p][choice[p]].memory for p, f in enumerate(problem.pairs)}
+    chosen = {f: problem.options[p][choice[p]].strategy for p, f in enumerate(problem.pairs)}
     peak = max(_levels(problem, choice), default=0.0)
     return chosen, _cost_of(problem, choice), peak, proven
 
@@ -429,7 +482,9 @@ def plan_memory(
         costs: times and memory of each compute under each strategy.
         limit_bytes: per rank (or one for all) the activation bytes allowed (None: no limit);
             :func:`pipeweaver.search.memory_limit.memory_limit_bytes`.
-        strategies: the candidates (add :attr:`Memory.OFFLOAD` only on a GPU).
+        strategies: the candidates (add :attr:`Memory.OFFLOAD` only on a GPU);
+            :attr:`Memory.LAYERS` stands for every count of first layers the costs expand it
+            to (:meth:`StrategyCosts.strategies`).
         max_candidates: at most this many candidates per pair (S).
         gap: HiGHS's relative MIP gap at which it stops.
         time_limit_s: HiGHS's wall-clock limit per rank; only a rank that hits it can make the
@@ -451,7 +506,7 @@ def plan_memory(
         raise ScheduleError(f"{len(limits)} memory limits for {n} ranks")
     if not strategies:
         raise ScheduleError("plan_memory needs at least one memory strategy")
-    choices: dict[Compute, Memory] = {}
+    choices: dict[Compute, Strategy] = {}
     times, peaks, proven = [], [], []
     for r in range(n):
         c, t, peak, ok = plan_rank(
@@ -470,10 +525,18 @@ def plan_memory(
         proven.append(ok)
     order = tuple(
         tuple(
-            a.with_memory(choices[a.key if a.kind is Kind.F else a.key.partner()])
+            a.with_memory(*choices[a.key if a.kind is Kind.F else a.key.partner()])
             for a in schedule.computes(r)
         )
         for r in range(n)
     )
     planned = lower(Schedule(schedule.placement, schedule.structure, order, schedule.name))
-    return MemoryPlan(planned, choices, tuple(times), tuple(peaks), tuple(limits), tuple(proven))
+    return MemoryPlan(
+        planned,
+        {f: m for f, (m, _) in choices.items()},
+        {f: k for f, (m, k) in choices.items() if m is Memory.LAYERS},
+        tuple(times),
+        tuple(peaks),
+        tuple(limits),
+        tuple(proven),
+    )

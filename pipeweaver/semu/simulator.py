@@ -145,7 +145,7 @@ class Semu:
             rows = 0  # only an encoder's last chunk projects rows
         if start:
             parts = 0
-        kind, memory = a.kind.value, a.memory.value
+        kind, memory = a.kind.value, a.strategy
         key = (self._fp, module, stop - start, start == 0, ends, kind, memory, ordered, rows, parts)
 
         def cost() -> ComputeCost:

@@ -35,6 +35,9 @@ from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.work import ComputeWork, ModelCosts
 
+_WHOLE_CHUNK = frozenset(("recompute", "offload"))
+"""Strategies that keep only the chunk's input: Megatron's recompute inside it does not apply."""
+
 
 @dataclass(frozen=True)
 class ComputeCost:
@@ -237,8 +240,8 @@ class TimeModel:
             fwd, bwd = self._calibrated_passes(table, module, start, stop, seq_lens, out_rows)
             # A recomputing backward reruns the forward first.
             time = fwd if kind == "F" else (bwd + fwd if memory == "recompute" else bwd)
-            if kind == "B" and memory == "none":
-                time += self._layer_rerun_s(table, module, stop - start, seq_lens)
+            if kind == "B" and memory not in _WHOLE_CHUNK:
+                time += self._layer_rerun_s(table, module, stop - start, seq_lens, memory)
             kept, transient = self._calibrated_memory(
                 table, module, start, stop, kind, memory, seq_lens, work, out_rows
             )
@@ -348,7 +351,8 @@ class TimeModel:
                 t.head_act_bytes_per_token or 0.0
             ) * tokens + t.head_act_bytes_per_row * out_rows
         full /= self.spec.parallel.tensor
-        if memory == "none" and self.spec.training.recompute.granularity != "none":
+        recompute = self.costs.recompute_of(memory)
+        if memory not in _WHOLE_CHUNK and recompute.granularity != "none":
             tp = self.spec.parallel.tensor
             layer = t.act_bytes_per_token * tokens + t.act_bytes_per_token_sq * sum(
                 n * n for n in seq_lens
@@ -356,7 +360,7 @@ class TimeModel:
             in_kept = (t.input_act_bytes_per_token or 0.0) * tokens if start == 0 else 0.0
             kept, transient, _, _ = self.costs.layer_recompute(
                 module, stop - start, seq_lens, layer / tp, in_kept / tp,
-                full - (stop - start) * layer / tp - in_kept / tp,
+                full - (stop - start) * layer / tp - in_kept / tp, recompute,
             )  # fmt: skip
             return kept, transient if kind == "B" else 0.0
         if memory == "none":
@@ -367,12 +371,13 @@ class TimeModel:
         return boundary, full
 
     def _layer_rerun_s(
-        self, t: LayerTimeModel, module: str, layers: int, seq_lens: Sequence[int]
-    ) -> float:
-        """Measured seconds of the forwards Megatron's recompute reruns in a chunk's backward:
-        its recomputed layers (full), or every layer's attention (selective: the fit's
-        quadratic term)."""
-        recompute = self.spec.training.recompute
+        self, t: LayerTimeModel, module: str, layers: int, seq_lens: Sequence[int],
+        memory: str = "none",
+    ) -> float:  # fmt: skip
+        """Measured seconds of the forwards Megatron's recompute (the run's, or the pair's own
+        under ``memory``) reruns in a chunk's backward: its recomputed layers (full), or every
+        layer's attention (selective: the fit's quadratic term)."""
+        recompute = self.costs.recompute_of(memory)
         if recompute.granularity == "selective":
             rerun = layers * t.quadratic_s * sum(n * n for n in seq_lens)
         else:

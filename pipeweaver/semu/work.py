@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from orchestration.model_shape import TransformerShape
-from pipeweaver.semu.model import ModelSpec
+from pipeweaver.semu.model import LayerRecompute, ModelSpec
+
+_SELECTIVE = LayerRecompute("selective")
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,28 @@ class ModelCosts:
         per_score = self.dtype + (1 if self.attention_dropout else 0)
         return heads * per_score * sum(n * n for n in seq_lens)
 
-    def layer_input_bytes(self, module: str, tokens: int) -> float:
-        """Bytes of one layer's input, as a full-recompute checkpoint keeps it."""
+    def recompute_of(self, memory: str) -> LayerRecompute:
+        """Megatron's recompute inside the chunk under a pair's memory strategy (a
+        :attr:`pipeweaver.ir.Compute.strategy`): the run's ``--recompute-*`` flags for ``none``
+        (and for the strategies that keep only the chunk's input anyway); the pair's own for
+        ``selective`` (core attention) and ``layers<n>`` (block method, n layers), which the
+        runtime sets on the chunk for that pair's forward and backward only."""
+        if memory == "selective":
+            return _SELECTIVE
+        if memory.startswith("layers"):
+            flags = self.spec.training.recompute
+            return LayerRecompute(
+                "full", "block", int(memory[6:]), flags.distribute_saved_activations
+            )
+        return self.spec.training.recompute
+
+    def layer_input_bytes(
+        self, module: str, tokens: int, recompute: LayerRecompute | None = None
+    ) -> float:
+        """Bytes of one layer's input, as a full-recompute checkpoint keeps it (under the run's
+        recompute flags, or ``recompute``)."""
         nbytes = self.boundary_bytes(module, tokens)
-        recompute = self.spec.training.recompute
+        recompute = recompute or self.spec.training.recompute
         if recompute.distribute_saved_activations and not self.sp:
             nbytes /= self.tp  # split over the TP group while it waits for the backward
         return nbytes
@@ -239,7 +259,8 @@ class ModelCosts:
             module: "vision", "audio" or "llm".
             start, stop: layer range.
             kind: "F" or "B".
-            memory: "none", "recompute" or "offload".
+            memory: the pair's strategy (:attr:`pipeweaver.ir.Compute.strategy`): "none",
+                "recompute", "offload", "selective" or "layers<n>".
             seq_lens: the independent sequences (encoder units, or LLM samples and padding).
             out_rows: LLM rows an encoder's projector produces (encoders' last chunk).
         """
@@ -265,7 +286,7 @@ class ModelCosts:
         # two forwards' work, plus the forwards it reruns.
         layer_mult = attention_mult = edge_mult = 1.0 if kind == "F" else 2.0
         coll_n, passes = coll, n_layers
-        recompute = self.spec.training.recompute
+        recompute = self.recompute_of(memory)
         if memory == "recompute":
             kept = input_kept
             transient = full_kept if kind == "B" else 0.0
@@ -278,7 +299,7 @@ class ModelCosts:
             kept, transient = full_kept, 0.0
         else:
             kept, transient, rerun, attention_rerun = self.layer_recompute(
-                module, n_layers, seq_lens, act, in_kept, head_kept
+                module, n_layers, seq_lens, act, in_kept, head_kept, recompute
             )
             if kind == "B":
                 share = rerun / n_layers if n_layers else 0.0
@@ -305,7 +326,7 @@ class ModelCosts:
 
     def layer_recompute(
         self, module: str, n_layers: int, seq_lens: Sequence[int], layer_bytes: float,
-        input_kept: float, head_kept: float
+        input_kept: float, head_kept: float, recompute: LayerRecompute | None = None
     ) -> tuple[float, float, int, float]:  # fmt: skip
         """A chunk's memory and reruns under Megatron's recompute (:class:`LayerRecompute`).
 
@@ -317,6 +338,8 @@ class ModelCosts:
             input_kept, head_kept: what its input layer and its head keep (never recomputed:
                 they are outside the transformer block; the head's are freed first in the
                 backward, the input layer's last).
+            recompute: the recompute (default: the run's flags; a pair's own:
+                :meth:`recompute_of`).
 
         Returns:
             ``(kept, transient, rerun_layers, attention_reruns)``: bytes kept from the forward
@@ -324,13 +347,13 @@ class ModelCosts:
             forward the backward reruns, and reruns of every layer's core attention (selective:
             1).
         """
-        recompute = self.spec.training.recompute
+        recompute = recompute or self.spec.training.recompute
         edges = input_kept + head_kept
         if recompute.granularity == "selective":
             saved = self.core_attention_bytes(module, seq_lens)
             return n_layers * (layer_bytes - saved) + edges, 0.0, 0, 1.0
         stored, whole, rerun = recompute.plan(n_layers)
-        one_input = self.layer_input_bytes(module, sum(seq_lens))
+        one_input = self.layer_input_bytes(module, sum(seq_lens), recompute)
         kept = stored * one_input + whole * layer_bytes + edges
         peak = input_kept + recompute.backward_peak(n_layers, one_input, layer_bytes)
         return kept, max(0.0, peak - kept), rerun, 0.0

@@ -173,10 +173,26 @@ def test_structural_errors_name_the_action():
         "before the compute": ["s1:l0F0 l0F0 r1:l1B0 l0B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"],
         "no microbatch 1": ["l0F1 l0F0 s1:l0F0 r1:l1B0 l0B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"],
         "one strategy": ["l0F0+r s1:l0F0 r1:l1B0 l0B0", "r0:l0F0 l1F0 l1B0 s0:l1B0"],
+        "uses memory strategy layers1, this backward layers2": [
+            "l0F0+l1 s1:l0F0 r1:l1B0 l0B0+l2",
+            "r0:l0F0 l1F0 l1B0 s0:l1B0",
+        ],
+        "uses memory strategy selective, this backward none": [
+            "l0F0 s1:l0F0 r1:l1B0 l0B0",
+            "r0:l0F0 l1F0+s l1B0 s0:l1B0",
+        ],
     }
     for needle, ranks in cases.items():
         with pytest.raises(ScheduleError, match=needle):
             check(Schedule.from_strings(pl, st, ranks))
+
+
+def test_per_layer_strategies_pass_when_paired():
+    pl, st = _small()
+    ranks = ["l0F0+l1 s1:l0F0 r1:l1B0 l0B0+l1", "r0:l0F0 l1F0+s l1B0+s s0:l1B0"]
+    kept = {"layers": 3, "selective": 7}
+    report = check(Schedule.from_strings(pl, st, ranks), activation_bytes=lambda a: kept[a.memory])
+    assert report.peak_activation_bytes == [3, 7]
 
 
 def test_memory_cap_and_rendezvous():

@@ -14,8 +14,9 @@ from pipeweaver.placement import ChunkPlacement, Placement, split_layers
 from pipeweaver.schedule import Schedule
 
 computes = st.builds(
-    lambda module, chunk, kind, mb, sub, mem: Compute(
-        module, chunk, kind, mb, 0 if module == "llm" else sub, mem
+    lambda module, chunk, kind, mb, sub, mem, layers: Compute(
+        module, chunk, kind, mb, 0 if module == "llm" else sub, mem,
+        layers if mem is Memory.LAYERS else 0,
     ),
     st.sampled_from(["vision", "audio", "llm"]),
     st.integers(0, 99),
@@ -23,7 +24,8 @@ computes = st.builds(
     st.integers(0, 999),
     st.integers(0, 50),
     st.sampled_from(list(Memory)),
-)
+    st.integers(1, 40),
+)  # fmt: skip
 
 
 @st.composite
@@ -54,9 +56,30 @@ def test_string_examples():
     assert str(Compute("audio", 0, Kind.B, 7, 2, Memory.RECOMPUTE)) == "a0B7.2+r"
 
 
+def test_per_layer_strategies_print_parse_and_pair():
+    s = parse("l0B2+s")
+    assert s.memory is Memory.SELECTIVE and s.recompute_layers == 0 and str(s) == "l0B2+s"
+    f = parse("v1F3.0+l2")
+    assert f == Compute("vision", 1, Kind.F, 3, 0, Memory.LAYERS, 2) and str(f) == "v1F3.0+l2"
+    assert f.strategy == "layers2" and s.strategy == "selective"
+    # Both halves carry the layer count; the key drops it, and the count tells pairs apart.
+    assert f.partner() == Compute("vision", 1, Kind.B, 3, 0, Memory.LAYERS, 2)
+    assert f.partner().partner() == f
+    assert f.key == Compute("vision", 1, Kind.F, 3, 0) and s.key == Compute("llm", 0, Kind.B, 2)
+    assert f != f.with_memory(Memory.LAYERS, 1) and len({f, f.with_memory("layers", 1)}) == 2
+    assert f.with_memory(Memory.SELECTIVE) == parse("v1F3.0+s")
+    assert Comm(CommOp.SEND, 1, f).tensor == f.key
+    with pytest.raises(ScheduleError, match="recompute_layers must be"):
+        Compute("llm", 0, Kind.F, 0, memory=Memory.LAYERS)
+    with pytest.raises(ScheduleError, match="applies to memory strategy layers only"):
+        Compute("llm", 0, Kind.F, 0, memory=Memory.RECOMPUTE, recompute_layers=2)
+
+
 @pytest.mark.parametrize(
-    "bad", ["", "x0F1", "l0F", "l0X1", "v1F3.0+z", "s:l0F1", "q1:l0F1", "l0F1.2"]
-)
+    "bad",
+    ["", "x0F1", "l0F", "l0X1", "v1F3.0+z", "s:l0F1", "q1:l0F1", "l0F1.2", "l0F1+l", "l0F1+l0",
+     "l0F1+s2", "l0F1+r1"],
+)  # fmt: skip
 def test_parse_rejects(bad):
     with pytest.raises(ScheduleError):
         parse(bad)

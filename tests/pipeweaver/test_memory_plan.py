@@ -64,9 +64,16 @@ def _instance(m: int, seed: int):
     return pl, st, mbs
 
 
+TOY_LAYERS = 4
+"""Layers per chunk in the toy costs: first-n candidates for n = 1, 2, 3."""
+
+
 def _toy_cost(seed: int, offload: bool):
     """Analytic costs of every strategy, with pair sizes drawn per seed: recompute keeps a
-    tenth and pays the forward again; offload keeps a twentieth and pays a transfer."""
+    tenth and pays the forward again; offload keeps a twentieth and pays a transfer; selective
+    keeps three quarters and pays half a time unit; the first n of 4 layers keep their inputs
+    (a sixteenth of a layer's bytes each) and everything of the others, pay n quarters of the
+    forward again and rebuild one layer at a time (dyadic fractions: exact sums)."""
     rng = random.Random(seed)
     sizes: dict = {}
 
@@ -82,9 +89,24 @@ def _toy_cost(seed: int, offload: bool):
             return ComputeCost(3 * t, 0.0, full)
         if a.memory is Memory.OFFLOAD and offload:
             return ComputeCost(t + 1.5 if a.kind is Kind.F else 2 * t + 1.5, full // 20, full)
+        if a.memory is Memory.SELECTIVE:
+            return ComputeCost(t if a.kind is Kind.F else 2 * t + 0.5, full * 0.75, 0.0)
+        if a.memory is Memory.LAYERS:
+            n, layer = a.recompute_layers, full / TOY_LAYERS
+            if a.kind is Kind.F:
+                return ComputeCost(t, (TOY_LAYERS - n) * layer + n * layer / 16, 0.0)
+            return ComputeCost(2 * t + t * n / TOY_LAYERS, 0.0, layer)
         return ComputeCost(t if a.kind is Kind.F else 2 * t, full, 0.0)
 
     return cost
+
+
+def _strategies(memories) -> list[tuple[Memory, int]]:
+    """The oracle's strategies: every memory, first-n for each n of the toy chunk's layers."""
+    out = []
+    for m in memories:
+        out += [(m, n) for n in range(1, TOY_LAYERS)] if m is Memory.LAYERS else [(m, 0)]
+    return out
 
 
 def _peak(computes, choice, cost) -> float:
@@ -92,7 +114,7 @@ def _peak(computes, choice, cost) -> float:
     alive, kept, peak = 0.0, {}, 0.0
     for a in computes:
         f = a.key if a.kind is Kind.F else a.key.partner()
-        c = cost(a.with_memory(choice[f]))
+        c = cost(a.with_memory(*choice[f]))
         if a.kind is Kind.F:
             kept[f] = c.kept_bytes
             alive += c.kept_bytes
@@ -107,15 +129,32 @@ def _brute_force(computes, strategies, cost, limit=None):
     """``(least compute time within the limit, least peak)`` over every assignment of
     strategies to the rank's pairs (time None when nothing fits)."""
     pairs = [a.key for a in computes if a.kind is Kind.F]
+    index = {f: p for p, f in enumerate(pairs)}
+    options = _strategies(strategies)
+    # The same walk as _peak's, on each pair's costs per strategy looked up once (every
+    # assignment is walked: hundreds of thousands on the larger instances).
+    table = [
+        [(cost(f.with_memory(*s)), cost(f.partner().with_memory(*s))) for s in options]
+        for f in pairs
+    ]
+    walk = [(index[a.key if a.kind is Kind.F else a.key.partner()], a.kind is Kind.F)
+            for a in computes]  # fmt: skip
     best, least_peak = None, None
-    for combo in itertools.product(strategies, repeat=len(pairs)):
-        choice = dict(zip(pairs, combo))
-        peak = _peak(computes, choice, cost)
+    for combo in itertools.product(range(len(options)), repeat=len(pairs)):
+        alive = peak = t = 0.0
+        for p, forward in walk:
+            cf, cb = table[p][combo[p]]
+            if forward:
+                alive += cf.kept_bytes
+                peak = max(peak, alive + cf.transient_bytes)
+                t += cf.time_s
+            else:
+                peak = max(peak, alive + cb.transient_bytes)
+                alive -= cf.kept_bytes
+                t += cb.time_s
         least_peak = peak if least_peak is None else min(least_peak, peak)
         if limit is None or peak > limit:
             continue
-        t = sum(cost(a.with_memory(choice[a.key if a.kind is Kind.F else a.key.partner()])).time_s
-                for a in computes)  # fmt: skip
         best = t if best is None else min(best, t)
     return best, least_peak
 
@@ -130,31 +169,40 @@ def test_memory_ilp_equals_brute_force(m, seed, offload, fraction):
     pl, st, _ = _instance(m, seed)
     cost = _toy_cost(seed, offload)
     sched = greedy_dual_queue(pl, st, lambda a: cost(a).time_s)
-    strategies = (Memory.NONE, Memory.RECOMPUTE) + ((Memory.OFFLOAD,) if offload else ())
-    none = {a.key: Memory.NONE for r in range(2) for a in sched.computes(r)}
+    strategies = (Memory.NONE, Memory.SELECTIVE, Memory.LAYERS, Memory.RECOMPUTE)
+    strategies += (Memory.OFFLOAD,) if offload else ()
+    none = {a.key: (Memory.NONE, 0) for r in range(2) for a in sched.computes(r)}
     limits = []
     for r in range(2):
         least = _brute_force(sched.computes(r), strategies, cost)[1]
         limits.append(least + fraction * (_peak(sched.computes(r), none, cost) - least))
-    exact = plan_memory(sched, StrategyCosts(cost), limits, strategies=strategies, gap=0.0)
-    loose = plan_memory(sched, StrategyCosts(cost), limits, strategies=strategies)
+    costs = StrategyCosts(cost, lambda a: TOY_LAYERS)
+    exact = plan_memory(sched, costs, limits, strategies=strategies, gap=0.0)
+    loose = plan_memory(sched, costs, limits, strategies=strategies)
+    used = set()
     for r in range(2):
         computes = sched.computes(r)
         best = _brute_force(computes, strategies, cost, limits[r])[0]
         assert exact.predicted_time_s[r] == pytest.approx(best, rel=1e-9)
         assert best <= loose.predicted_time_s[r] <= best * 1.05 + 1e-9
-        assert exact.peak_bytes[r] == _peak(computes, exact.choices, cost) <= limits[r]
+        chosen = {f: (m, exact.recompute_layers.get(f, 0)) for f, m in exact.choices.items()}
+        assert exact.peak_bytes[r] == _peak(computes, chosen, cost) <= limits[r]
+        used |= {a.strategy for a in exact.schedule.computes(r)}
+    if fraction:
+        assert used - {"none"}, "a limit under the peak makes some pair save memory"
     for plan in (exact, loose):
         # Both halves of a pair carry the choice; the lowered schedule passes the checker.
         for r in range(2):
             for a in plan.schedule.computes(r):
-                assert a.memory is plan.choices[a.key if a.kind is Kind.F else a.key.partner()]
+                f = a.key if a.kind is Kind.F else a.key.partner()
+                assert a.memory is plan.choices[f]
+                assert a.recompute_layers == plan.recompute_layers.get(f, 0)
         check(plan.schedule, memory_cap=limits, activation_bytes=lambda a: cost(a).kept_bytes)
 
 
 def test_semu_costs_plan_fits_and_matches_semu_replay():
     """SEMU's own costs at PP=2: the plan under 60% of the greedy's peak recomputes some
-    pairs, not all; SEMU's replay of the planned schedule peaks exactly where the plan says,
+    pairs (some of them only their first layers), not all; SEMU's replay of the planned schedule peaks exactly where the plan says,
     and the rank's compute time is the plan's."""
     spec = _semu_spec()
     pl, st, mbs = _instance(4, 7)
@@ -168,7 +216,14 @@ def test_semu_costs_plan_fits_and_matches_semu_replay():
     assert all(p <= lim for p, lim in zip(res.peak_activation, limits))
     assert res.busy == pytest.approx(list(plan.predicted_time_s), rel=1e-12)
     used = set(plan.choices.values())
-    assert used == {Memory.NONE, Memory.RECOMPUTE}
+    assert Memory.NONE in used and Memory.LAYERS in used
+    # The first-n candidates pay off: no slower than choosing between keeping all and
+    # recomputing the whole chunk only (both proven optimal).
+    costs = StrategyCosts.from_semu(semu, pl, mbs)
+    new = plan_memory(sched, costs, limits, gap=0.0)
+    old = plan_memory(sched, costs, limits, strategies=(Memory.NONE, Memory.RECOMPUTE), gap=0.0)
+    assert all(n <= o * (1 + 1e-12) for n, o in zip(new.predicted_time_s, old.predicted_time_s))
+    assert sum(new.predicted_time_s) < sum(old.predicted_time_s)
     kept = semu.activation_bytes(pl, mbs)
     check(plan.schedule, memory_cap=limits, activation_bytes=kept)
     # Over the limit: the same order with nothing recomputed is rejected by the checker.

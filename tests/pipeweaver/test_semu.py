@@ -27,7 +27,7 @@ from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.reuse import ReuseCache
 from pipeweaver.semu.simulator import Semu
-from pipeweaver.semu.timing import ComputeCost
+from pipeweaver.semu.timing import ComputeCost, TimeModel
 from pipeweaver.semu.trace import chrome_trace, summary, write_png
 
 CPU_FLAGS = {
@@ -385,3 +385,46 @@ def test_compute_only_and_lowered_orders_simulate_alike():
     lowered = semu.simulate_pipeline(sched, mbs)
     plain = semu.simulate_pipeline(sched.compute_only(), mbs)
     assert lowered.events == plain.events and lowered.peak_activation == plain.peak_activation
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_per_pair_strategies_cost_what_the_runs_recompute_flags_cost(calibrated):
+    """A pair's selective or first-n recompute is the run's ``--recompute-*`` flags applied to
+    that pair alone: the same time and memory as ``none`` under those flags."""
+    plain = {**CPU_FLAGS, "num-layers": 8}
+    flags = {
+        "selective": {"recompute-granularity": "selective"},
+        "layers3": {"recompute-granularity": "full", "recompute-method": "block",
+                    "recompute-num-layers": 3},
+    }  # fmt: skip
+    cal = None
+    if calibrated:
+        t = LayerTimeModel(1e-4, 1e-7, 1e-9, 2.0, 1e-5, act_bytes_per_token=300.0,
+                           act_bytes_per_token_sq=2.0)  # fmt: skip
+        cal = Calibration("cpu", {"llm": t})
+    cl = _cluster(8)
+    cm = TimeModel(model_spec(plain), cl, cal)
+    seqs = [200, 56]
+    costs = {}
+    for memory, extra in flags.items():
+        run = TimeModel(model_spec({**plain, **extra}), cl, cal)
+        for kind in "FB":
+            mine = cm.compute_cost("llm", 1, 7, kind, memory, seqs)
+            assert mine == run.compute_cost("llm", 1, 7, kind, "none", seqs), (memory, kind)
+            costs[memory, kind] = mine
+    for n in (1, 2, 3, 5):
+        costs[f"layers{n}", "F"] = cm.compute_cost("llm", 1, 7, "F", f"layers{n}", seqs)
+        costs[f"layers{n}", "B"] = cm.compute_cost("llm", 1, 7, "B", f"layers{n}", seqs)
+    for memory in ("none", "recompute"):
+        for kind in "FB":
+            costs[memory, kind] = cm.compute_cost("llm", 1, 7, kind, memory, seqs)
+    # More layers recomputed: less kept, a longer backward; all of them beat keeping all.
+    order = ["none", "layers1", "layers2", "layers3", "layers5"]
+    for a, b in zip(order, order[1:]):
+        assert costs[b, "F"].kept_bytes < costs[a, "F"].kept_bytes
+        assert costs[b, "B"].time_s > costs[a, "B"].time_s
+    assert costs["selective", "F"].kept_bytes < costs["none", "F"].kept_bytes
+    assert costs["selective", "B"].time_s > costs["none", "B"].time_s
+    assert costs["layers5", "F"].kept_bytes > costs["recompute", "F"].kept_bytes
+    # The forward is the same forward whatever it keeps.
+    assert len({round(costs[m, "F"].time_s, 15) for m in order + ["selective"]}) == 1

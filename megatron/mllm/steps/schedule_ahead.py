@@ -50,8 +50,27 @@ from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
-MEMORY_CODES: tuple[Memory, ...] = (Memory.NONE, Memory.RECOMPUTE, Memory.OFFLOAD)
-"""The memory strategy of a compute as it travels: its index here."""
+MEMORY_CODES: tuple[Memory, ...] = (
+    Memory.NONE,
+    Memory.RECOMPUTE,
+    Memory.OFFLOAD,
+    Memory.SELECTIVE,
+    Memory.LAYERS,
+)
+"""The memory strategy of a compute as it travels: its index here (with :attr:`Memory.LAYERS`,
+plus 8 x its count of first layers)."""
+
+_STRATEGY_WORDS = 1 << 16
+"""Codes per compute in the vector: a strategy code and the layer count fit below it."""
+
+
+def _strategy_code(a: Compute) -> int:
+    return MEMORY_CODES.index(a.memory) + 8 * a.recompute_layers
+
+
+def _with_strategy(a: Compute, code: int) -> Compute:
+    return a.with_memory(MEMORY_CODES[code % 8], code // 8)
+
 
 SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step")
 """Where a step's schedule came from, as it travels (index) and as the log prints it:
@@ -163,11 +182,11 @@ def _shape(mb: MicrobatchMeta) -> tuple:
 
 def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None) -> np.ndarray:
     """A schedule as the fixed-size int64 vector the planner broadcasts: a header, then every
-    stage's computes in order, each ``index * 4 + memory code`` with ``index`` its position in
-    :func:`pipeweaver.dataflow.all_computes` order."""
+    stage's computes in order, each ``index * 65536 + strategy code`` with ``index`` its
+    position in :func:`pipeweaver.dataflow.all_computes` order."""
     index = {a: i for i, a in enumerate(all_computes(schedule.placement, schedule.structure))}
     body = [
-        index[a.key] * 4 + MEMORY_CODES.index(a.memory)
+        index[a.key] * _STRATEGY_WORDS + _strategy_code(a)
         for actions in schedule.actions
         for a in actions
         if isinstance(a, Compute)
@@ -192,7 +211,7 @@ def decode(words: np.ndarray, placement: Placement, structure: MicrobatchStructu
     computes = list(all_computes(placement, structure))
     order: list[list[Compute]] = [[] for _ in range(placement.num_ranks)]
     for w in words[_HEADER:]:
-        a = computes[int(w) // 4].with_memory(MEMORY_CODES[int(w) % 4])
+        a = _with_strategy(computes[int(w) // _STRATEGY_WORDS], int(w) % _STRATEGY_WORDS)
         order[placement.rank_of(a.module, a.chunk)].append(a)
     source, rollouts, predicted, greedy, search = (int(x) for x in words[:_HEADER])
     schedule = lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
