@@ -40,6 +40,7 @@ from typing import Callable, Literal, Sequence
 from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow
 from pipeweaver.ir import Comm, CommOp, Compute, Kind, Memory, ScheduleError
 from pipeweaver.schedule import Schedule
+from pipeweaver.transfers import TransferGraph
 
 __all__ = ["CheckReport", "ScheduleError", "check"]
 
@@ -297,73 +298,75 @@ def _valid_actions(schedule: Schedule, flow) -> bool:
     or the walk cannot tell; :func:`_check_actions` then finds which).
 
     The same conditions as :func:`_check_actions`, gathered per action instead of per check:
-    each rank's computes and receives so far, each compute's home rank from its chunk, each
-    transfer's consumer ranks once, and per ordered pair of ranks the sent and received
-    transfers, which must be the same list without repeats.
+    each rank's computes and receives so far, and per ordered pair of ranks the sent and
+    received transfers, which must be the same list without repeats. What each compute and
+    transfer needs (its chunk's rank, its F, its local inputs, its remote ones as transfer ids,
+    a transfer's producer and consumer ranks) comes from the step's
+    :class:`~pipeweaver.transfers.TransferGraph`, listed once per data-flow piece. A comm
+    whose ``(tensor, part)`` is no transfer there fails: a tensor that is not the step's, a
+    part that no compute consumes, or one consumed only on its producer's rank (its send or
+    receive then names a peer that is no consumer, or no producer).
     """
-    placement = schedule.placement
     n = schedule.num_ranks
-    home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
-    inputs, outputs = flow.inputs, flow.outputs
+    graph = TransferGraph(schedule.placement, schedule.structure)
+    pieces, edge_base = graph.pieces, graph.edge_base
+    num_microbatches = len(pieces)
     none = Memory.NONE
-    F = Kind.F
-    seen: set = set()
-    memory_of: dict[Compute, Memory] = {}
-    consumer_ranks_of: dict[tuple, frozenset[int]] = {}
+    send = CommOp.SEND
+    seen: dict[Compute, Memory] = {}  # compute -> its memory strategy
     sent: dict[tuple[int, int], list] = defaultdict(list)
     received: dict[tuple[int, int], list] = defaultdict(list)
     for r, actions in enumerate(schedule.actions):
-        have: set = set()  # computes run here, and (tensor, part) received here
+        have: set = set()  # computes run here, and transfer ids received here
         for a in actions:
             t = type(a)
             if t is Compute:
                 key = a if a.memory is none else a.key
-                ins = inputs.get(key)
-                if ins is None or key in seen:
+                m = key.microbatch
+                if m >= num_microbatches:
                     return False
-                chunks = home.get(a.module)
-                if chunks is None or a.chunk >= len(chunks) or chunks[a.chunk] != r:
+                facts = pieces[m].facts.get(key)
+                if facts is None or key in seen:
                     return False
-                if a.kind is not F:
-                    f = key.partner()
-                    if f not in have:  # its F runs on this rank (same chunk), earlier
+                home, forward, local, waits, _ = facts
+                if home != r:
+                    return False
+                # Its F runs on this rank (same chunk), earlier, with the same strategy.
+                if forward is not None and (forward not in have or seen[forward] is not a.memory):
+                    return False
+                for producer in local:
+                    if producer not in have:
                         return False
-                    if memory_of[f] is not a.memory:
-                        return False
-                for producer, part in ins:
-                    if home[producer.module][producer.chunk] == r:
-                        if producer not in have:
+                if waits:
+                    base = edge_base[m]
+                    for e in waits:
+                        if base + e not in have:
                             return False
-                    elif (producer, part) not in have:
-                        return False
-                seen.add(key)
+                seen[key] = a.memory
                 have.add(key)
-                memory_of[key] = a.memory
                 continue
             if t is not Comm:
                 return False
-            peer, tensor, part = a.peer, a.tensor, a.part
+            peer, tensor = a.peer, a.tensor
             if peer == r or peer >= n:
                 return False
-            edge = (tensor, part)
-            consumer_ranks = consumer_ranks_of.get(edge)
-            if consumer_ranks is None:
-                cons = outputs.get(tensor)
-                if cons is None:
+            m = tensor.microbatch
+            if m >= num_microbatches:
+                return False
+            piece = pieces[m]
+            e = piece.edge_id.get((tensor, a.part))
+            if e is None:
+                return False
+            g = edge_base[m] + e
+            if a.op is send:
+                if piece.src[e] != r or tensor not in have or peer not in piece.consumer_ranks[e]:
                     return False
-                consumer_ranks = consumer_ranks_of[edge] = frozenset(
-                    home[c.module][c.chunk] for c, p in cons if p == part
-                )
-            producer_rank = home[tensor.module][tensor.chunk]
-            if a.op is CommOp.SEND:
-                if producer_rank != r or tensor not in have or peer not in consumer_ranks:
-                    return False
-                sent[(r, peer)].append(edge)
+                sent[(r, peer)].append(g)
             else:
-                if producer_rank != peer or r not in consumer_ranks:
+                if piece.src[e] != peer or r not in piece.consumer_ranks[e]:
                     return False
-                have.add(edge)
-                received[(peer, r)].append(edge)
+                have.add(g)
+                received[(peer, r)].append(g)
     if len(seen) != len(flow.computes) or sent.keys() != received.keys():
         return False
     for pair, edges in sent.items():

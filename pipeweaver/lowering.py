@@ -20,6 +20,7 @@ from collections import defaultdict
 from pipeweaver.dataflow import consumers, data_flow, data_inputs
 from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
+from pipeweaver.transfers import TransferGraph
 
 
 def lower(schedule: Schedule) -> Schedule:
@@ -51,20 +52,36 @@ def lower(schedule: Schedule) -> Schedule:
     # Sends, right after each producer, in the order of ``consumers`` (schedule-independent, so
     # that SEMU times a compute-only order exactly as its lowered form).
     out: list[list] = [[] for _ in order]
-    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)  # (src, dst) -> edges in order
-    # (dst, tensor, part) -> position on dst of the first consumer there of that part
-    first_use: dict[tuple, int] = {}
+    # (src, dst) -> per transfer in send order, (its first-use key, its receive)
+    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    # first-use key -> position on dst of the first consumer there of that (tensor, part)
+    first_use: dict = {}
     home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
     outputs = flow.outputs
     send, recv = CommOp.SEND, CommOp.RECV
     # The comms of a complete step are made from its data flow's own computes and parts: valid
-    # by construction, so they skip the constructor's checks.
+    # by construction, so they skip the constructor's checks. A compute on its chunk's rank
+    # (every one, in a valid order) takes its transfers and their comms from the step's
+    # TransferGraph, made once per data-flow piece; its transfer id is its first-use key (one
+    # consumer per transfer, so one per (dst, tensor, part)).
     trusted = Comm.trusted if complete else None
+    graph = TransferGraph(placement, structure) if complete else None
     for r, computes in enumerate(order):
         out_r = out[r]
         for a in computes:
             out_r.append(a)
             key = a.key
+            if graph is not None:
+                m = key.microbatch
+                piece = graph.pieces[m]
+                facts = piece.facts[key]
+                if facts[0] == r:
+                    base = graph.edge_base[m]
+                    for e, dst in facts[4]:
+                        first_use[base + e] = where[piece.consumer[e]][1]
+                        out_r.append(piece.send[e])
+                        sent[(r, dst)].append((base + e, piece.recv[e]))
+                    continue
             listed = outputs.get(key)
             if listed is None:  # not a compute of this step: consumers names what it lacks
                 listed = consumers(a, placement, structure)
@@ -85,18 +102,18 @@ def lower(schedule: Schedule) -> Schedule:
                 out_r.append(
                     trusted(send, dst, key, part) if trusted else Comm(send, dst, key, part)
                 )
-                sent[(r, dst)].append((key, part))
+                c = trusted(recv, r, key, part) if trusted else Comm(recv, r, key, part)
+                sent[(r, dst)].append(((dst, key, part), c))
 
     # Receives: latest position = right before the first consumer; then pulled earlier so that
     # each pair's receives follow its sends' order.
     recvs_before: list[dict[int, list[Comm]]] = [defaultdict(list) for _ in order]
     for (src, dst), edges in sorted(sent.items()):
-        positions = [first_use[(dst, tensor, part)] for tensor, part in edges]
+        positions = [first_use[k] for k, _ in edges]
         for k in range(len(positions) - 2, -1, -1):
             positions[k] = min(positions[k], positions[k + 1])
         before = recvs_before[dst]
-        for (tensor, part), pos in zip(edges, positions):
-            c = trusted(recv, src, tensor, part) if trusted else Comm(recv, src, tensor, part)
+        for (_, c), pos in zip(edges, positions):
             before[pos].append(c)
 
     final = []
