@@ -255,7 +255,7 @@ class FlowPiece:
         inputs: per compute, :func:`data_inputs`.
         outputs: per compute, :func:`consumers`.
         derived: what users of the piece derive from it once for all the steps that share it
-            (``pipeweaver.semu.replay``'s transfer ids), by the user's name.
+            (:mod:`pipeweaver.transfers`' transfer ids, the greedy scheduler's dependency ids), by the user's name.
     """
 
     __slots__ = ("computes", "inputs", "outputs", "derived")
