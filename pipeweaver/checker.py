@@ -379,18 +379,22 @@ def _replay(ranks: Sequence[Sequence], semantics: str) -> int:
     """Run every rank's list together; raise on a deadlock. Returns the number of rounds."""
     n = len(ranks)
     pos = [0] * n
-    issued: set[tuple[int, int, object]] = set()  # (src, dst, edge) sends issued
+    issued: set[tuple] = set()  # (src, dst, tensor, part) of the sends issued
+    rendezvous = semantics == "rendezvous"
+    send = CommOp.SEND
     rounds = 0
     while True:
         rounds += 1
         progress = False
         for r in range(n):
             actions = ranks[r]
-            while pos[r] < len(actions):
-                a = actions[pos[r]]
+            size = len(actions)
+            i = pos[r]
+            while i < size:
+                a = actions[i]
                 if isinstance(a, Comm):
-                    if a.is_send:
-                        if semantics == "rendezvous":
+                    if a.op is send:
+                        if rendezvous:
                             peer_pos = pos[a.peer]
                             peer = ranks[a.peer]
                             at = peer[peer_pos] if peer_pos < len(peer) else None
@@ -403,12 +407,12 @@ def _replay(ranks: Sequence[Sequence], semantics: str) -> int:
                                 break
                             # Both sides complete together.
                             pos[a.peer] += 1
-                        issued.add((r, a.peer, a.edge))
-                    else:
-                        if (a.peer, r, a.edge) not in issued:
-                            break
-                pos[r] += 1
+                        issued.add((r, a.peer, a.tensor, a.part))
+                    elif (a.peer, r, a.tensor, a.part) not in issued:
+                        break
+                i += 1
                 progress = True
+            pos[r] = i
         if all(pos[r] >= len(ranks[r]) for r in range(n)):
             return rounds
         if not progress:

@@ -43,16 +43,18 @@ class PieceTransfers:
             part (the checker's endpoint test).
         send, recv: per transfer id, the lowered :class:`Comm` that sends it from its producer's
             rank and receives it there (shared by every schedule lowered with the piece).
+        names: per compute id, its string form (SEMU's timeline names its events so).
     """
 
     __slots__ = (
         "index", "edges", "edge_id", "remote", "facts", "consumer", "src", "consumer_ranks",
-        "send", "recv",
+        "send", "recv", "names",
     )  # fmt: skip
 
     def __init__(self, placement: Placement, piece: FlowPiece):
         computes = piece.computes
         self.index: dict[Compute, int] = dict(zip(computes, range(len(computes))))
+        self.names: list[str] = [str(a) for a in computes]
         self.edges: list[tuple[Compute, Any]] = []
         self.edge_id: dict[tuple[Compute, Any], int] = {}
         self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}

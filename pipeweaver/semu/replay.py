@@ -5,8 +5,9 @@ The simulator (:mod:`pipeweaver.semu.simulator`) compiles each rank's action lis
 program of op tuples with integer ids from a :class:`~pipeweaver.transfers.TransferGraph`:
 
 * compute: ``(COMPUTE, action, seconds, kept bytes, transient bytes, is forward, id of its F,
-  transfers it waits for, transfers it sends)``; the last two are filled for compute-only
-  schedules, whose sends and receives are implicit (a send leaves when its producer ends);
+  transfers it waits for, transfers it sends, its name on the timeline)``; the transfers are
+  filled for compute-only schedules, whose sends and receives are implicit (a send leaves when
+  its producer ends);
 * send: ``(SEND, transfer, link, occupancy, latency, host seconds)``: the rank spends the host
   seconds posting it, then it leaves;
 * receive: ``(RECV, transfer, host seconds)``: the rank waits for the arrival, then spends the
@@ -102,7 +103,7 @@ def replay(
             op = ops[i]
             code = op[0]
             if code == COMPUTE:
-                _, a, dur, keep, transient, forward, pair, waits, sends = op
+                _, a, dur, keep, transient, forward, pair, waits, sends, name = op
                 begin = tr
                 blocked = None
                 for e in waits:
@@ -131,7 +132,8 @@ def replay(
                     send(edge, link, occupancy, latency, end)
                 if record:
                     events.append(
-                        Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch, a.chunk)
+                        Event(r, begin, end, name, "F" if forward else "B", a.module,
+                              a.microbatch, a.chunk)  # fmt: skip
                     )
                 tr = end
                 last_end[r] = end

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.calibration import Calibration
 from pipeweaver.dataflow import MicrobatchStructure
-from pipeweaver.ir import Compute, Kind
+from pipeweaver.ir import CommOp, Compute, Kind
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
@@ -46,10 +46,11 @@ from pipeweaver.semu.grad_reduce import (
 )
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, receive_posts, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache, collector_paused
 from pipeweaver.semu.timing import ComputeCost, TimeModel
+from pipeweaver.transfers import TransferGraph
 
 
 class Semu:
@@ -140,7 +141,7 @@ class Semu:
             rows = 0  # only an encoder's last chunk projects rows
         if start:
             parts = 0
-        kind, memory = a.kind.value, a.memory.value
+        kind, memory = a.kind._value_, a.memory._value_  # without the enums' value property
         key = (self._fp, module, stop - start, start == 0, ends, kind, memory, ordered, rows, parts)
 
         def cost() -> ComputeCost:
@@ -277,6 +278,8 @@ class Semu:
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}
+        pieces, edge_base = graph.pieces, graph.edge_base
+        send_op = CommOp.SEND
 
         def compile_compute(a: Compute, r: int) -> tuple:
             if self.compute_cost_fn is not None:
@@ -303,8 +306,13 @@ class Semu:
                 dur += len(sends) * (send_post + send_wait) + len(waits) * (recv_post + recv_wait)
             forward = a.kind is Kind.F
             # Each F/B pair's F comes right before its B in the data flow (and so in the ids).
-            pair = graph.compute_base[m] + piece.index[key] - (0 if forward else 1)
-            return (COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
+            local = piece.index[key]
+            pair = graph.compute_base[m] + local - (0 if forward else 1)
+            # The timeline's name of the compute: the piece's, made once, without a strategy.
+            name = piece.names[local] if key is a else str(a)
+            return (
+                COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends, name
+            )  # fmt: skip
 
         # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
         # microbatch, rank and mode.
@@ -316,6 +324,7 @@ class Semu:
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
             posts = receive_posts(actions) if recv_post and not implicit else None
+            links = [(r, peer) for peer in range(n)]
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
                     append((HOST, posts[i] * recv_post))
@@ -325,17 +334,20 @@ class Semu:
                     if op is None:
                         op = table[a] = compile_compute(a, r)
                     append(op)
-                elif a.is_send:
-                    occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append(
-                        (SEND, graph.edge_of(a.tensor, a.part), (r, a.peer), occ, lat, send_post)
-                    )
+                    continue
+                tensor, part = a.tensor, a.part
+                m = tensor.microbatch
+                edge = edge_base[m] + pieces[m].edge_id[(tensor, part)]  # graph.edge_of
+                if a.op is send_op:
+                    occ, lat = link_of(tensor, part, r, a.peer)
+                    append((SEND, edge, links[a.peer], occ, lat, send_post))
                 else:
-                    append((RECV, graph.edge_of(a.tensor, a.part), recv_wait))
-            sends = (
-                0 if implicit else sum(1 for a in actions if type(a) is not Compute and a.is_send)
-            )
-            if sends and send_wait:
+                    append((RECV, edge, recv_wait))
+            if send_wait and not implicit:
+                sends = sum(1 for a in actions if type(a) is not Compute and a.op is send_op)
+            else:
+                sends = 0
+            if sends:
                 append((HOST, sends * send_wait))  # the runtime waits every send at the end
             programs.append(ops)
 
