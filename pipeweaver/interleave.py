@@ -368,19 +368,23 @@ def _interleave(
         if missing[i] == 0:
             push(i, 0.0)
 
-    def best(r: int, kind: Kind, now: float):
-        """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
-        if kind is Kind.F and limits is not None:
-            return queues[r][kind].best(now, lambda a: fits(r, a))
-        return queues[r][kind].best(now)
+    F, B = Kind.F, Kind.B
 
     def candidates(r: int) -> tuple | None:
         """``(start, forward, backward)``: when rank ``r`` can start its next compute, and the
-        queues' best entries it chooses from (None for a queue it may not or cannot use)."""
+        queues' best entries it chooses from (None for a queue it may not or cannot use): each
+        queue's highest-priority compute that can start at the rank's clock, else its earliest
+        (the forwards only among those that fit, under a hard limit)."""
         now = t_last[r]
-        throttled = caps is not None and used[r] > caps[r] and queues[r][Kind.B]
-        fw = None if throttled else best(r, Kind.F, now)
-        bw = best(r, Kind.B, now)
+        rank_queues = queues[r]
+        backwards = rank_queues[B]
+        if caps is not None and used[r] > caps[r] and backwards:
+            fw = None  # throttled
+        elif limits is not None:
+            fw = rank_queues[F].best(now, lambda a: fits(r, a))
+        else:
+            fw = rank_queues[F].best(now)
+        bw = backwards.best(now)
         if fw is None:
             if bw is None:
                 return None
@@ -424,21 +428,22 @@ def _interleave(
         elif bw is None:
             entry = fw
         elif fw[0] <= now and bw[0] <= now:
-            entry = bw if last_kind[r] is Kind.F else fw
+            entry = bw if last_kind[r] is F else fw
         else:  # the one that can start first; on a tie, the higher priority (min's choice)
             entry = bw if (bw[0], bw[1]) < (fw[0], fw[1]) else fw
         a, i = entry[2], entry[3]
-        queues[r][a.kind].remove(entry)
-        begin = max(now, entry[0])
+        kind = a.kind
+        queues[r][kind].remove(entry)
+        begin = entry[0] if entry[0] > now else now  # max(now, start), without the call
         finish = begin + float(duration(a))
         end[i] = finish
         t_last[r] = finish
-        last_kind[r] = a.kind
+        last_kind[r] = kind
         order[r].append(a.with_memory(memory) if with_memory else a)
         if kept_bytes is not None:
             b = kept_bytes(a)
-            used[r] += b if a.kind is Kind.F else -b
-        if a.kind is Kind.B:
+            used[r] += b if kind is F else -b
+        if kind is B:
             backwards_left[a.microbatch] -= 1
             while oldest < len(backwards_left) and backwards_left[oldest] == 0:
                 oldest += 1
@@ -446,11 +451,13 @@ def _interleave(
         for d in dependents[i]:
             missing[d] -= 1
             if missing[d] == 0:
+                # Ready when its last input has arrived (max of ends plus hops, without calls).
                 t = 0.0
                 rd = rank_of[d]
                 for pr in needs[d]:
-                    hop = p2p_time if rank_of[pr] != rd else 0.0
-                    t = max(t, end[pr] + hop)
+                    arrival = end[pr] + p2p_time if rank_of[pr] != rd else end[pr]
+                    if arrival > t:
+                        t = arrival
                 push(d, t)
                 stale.add(rd)
     return order
