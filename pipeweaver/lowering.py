@@ -22,6 +22,17 @@ from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
 from pipeweaver.transfers import TransferGraph
 
+COMMS_BY_CONSTRUCTION = "_comms_by_construction"
+"""The attribute :func:`lower` sets (True) on a schedule it made from an order that runs every
+compute of the step once, each on the rank of its chunk. Its comms then pass checks 2 and 4 of
+:mod:`pipeweaver.checker` and every remote input is received before its consumer (check 3's
+remote half) by construction: each send comes right after its producer and goes to its
+consumer's rank, each receive comes from the producer's rank before the consumer's position,
+the receives of a pair of ranks in its sends' order, each transfer once.
+:func:`pipeweaver.checker.check` confirms only the rest of such a schedule (its computes, and
+the deadlock replay of all its actions). A schedule built otherwise (parsed, edited, made anew
+from these actions) has no such attribute and is checked in full."""
+
 
 def lower(schedule: Schedule) -> Schedule:
     """Add sends and receives to a schedule's compute order (existing comms are replaced).
@@ -66,6 +77,7 @@ def lower(schedule: Schedule) -> Schedule:
     # consumer per transfer, so one per (dst, tensor, part)).
     trusted = Comm.trusted if complete else None
     graph = TransferGraph(placement, structure) if complete else None
+    on_home = 0  # computes that took their transfers from the graph
     for r, computes in enumerate(order):
         out_r = out[r]
         for a in computes:
@@ -76,6 +88,7 @@ def lower(schedule: Schedule) -> Schedule:
                 piece = graph.pieces[m]
                 facts = piece.facts[key]
                 if facts[0] == r:
+                    on_home += 1
                     base = graph.edge_base[m]
                     for e, dst in facts[4]:
                         first_use[base + e] = where[piece.consumer[e]][1]
@@ -129,4 +142,9 @@ def lower(schedule: Schedule) -> Schedule:
                 ci += 1
             lst.append(a)
         final.append(tuple(lst))
-    return Schedule(placement, structure, tuple(final), schedule.name)
+    lowered = Schedule(placement, structure, tuple(final), schedule.name)
+    if graph is not None and on_home == len(where):
+        # Every compute of the step once, each on its chunk's rank: the comms above follow the
+        # rules, which the checker then need not confirm again (COMMS_BY_CONSTRUCTION).
+        object.__setattr__(lowered, COMMS_BY_CONSTRUCTION, True)
+    return lowered
