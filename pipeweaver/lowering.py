@@ -46,9 +46,10 @@ def lower(schedule: Schedule) -> Schedule:
     where: dict[Compute, tuple[int, int]] = {}
     for r, computes in enumerate(order):
         for i, a in enumerate(computes):
-            if a.key in where:
+            key = a.key
+            if key in where:
                 raise ScheduleError("the compute appears twice", r, i, a)
-            where[a.key] = (r, i)
+            where[key] = (r, i)
     flow = data_flow(placement, structure)
     # When the schedule runs exactly the step's computes (as many, each one of them), every
     # producer is scheduled: the per-input check below is skipped.

@@ -228,8 +228,9 @@ class Semu:
         )
 
     def _microbatch_table(self, placement: Placement, mb_index: int, mb: MicrobatchMeta) -> dict:
-        """The microbatch level: one dict per (placement, microbatch), filled lazily with
-        ``Compute -> ComputeCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
+        """The microbatch level: one dict per (placement, microbatch), filled lazily with its
+        compiled compute ops (per mode, layout, rank and graph) and its transfers' link times,
+        ``("link", module, sub, carries an encoder's output, intra) -> (occupancy, latency)``."""
         if self.cache is None:
             return {}
         key = (self._fp, placement.key(), mb_index, mb)
@@ -260,13 +261,31 @@ class Semu:
         graph = self._graph(placement, structure)
         layout_key = hash(layout)
 
+        # A transfer's bytes (edge_bytes) depend on its microbatch and on which payload it
+        # carries: an encoder sub's output rows (its last chunk's output, and the part of LLM
+        # chunk 0's input gradient that goes back to it), or a module's boundary activation
+        # (or gradient) of the sub (the LLM's: of the microbatch). Its link times are kept per
+        # payload, so a microbatch's equal transfers share one entry.
+        last_chunk = {module: len(cps) - 1 for module, cps in placement.chunks.items()}
+        forward_kind = Kind.F
+
         def link_of(tensor: Compute, part, src: int, dst: int) -> tuple[float, float]:
+            intra = layout[src][dst]
+            if part is not None:
+                k = ("link", part[0], part[1], True, intra)
+            else:
+                module = tensor.module
+                output = (
+                    module != "llm"
+                    and tensor.kind is forward_kind
+                    and tensor.chunk == last_chunk[module]
+                )
+                k = ("link", module, tensor.sub, output, intra)
             table = tables[tensor.microbatch]
-            k = (tensor, part, layout[src][dst])
             v = table.get(k)
             if v is None:
                 nbytes = self.edge_bytes(placement, tensor, part, microbatches[tensor.microbatch])
-                v = table[k] = comm.p2p_parts(nbytes, layout[src][dst])
+                v = table[k] = comm.p2p_parts(nbytes, intra)
             return v
 
         # The runtime's host time per posted send / receive and per wait (zero uncalibrated).
