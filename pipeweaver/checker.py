@@ -39,7 +39,9 @@ from typing import Callable, Literal, Sequence
 
 from pipeweaver.dataflow import all_computes, check_compute, consumers, data_flow
 from pipeweaver.ir import Comm, CommOp, Compute, Kind, Memory, ScheduleError
+from pipeweaver.lowering import COMMS_BY_CONSTRUCTION
 from pipeweaver.schedule import Schedule
+from pipeweaver.transfers import TransferGraph
 
 __all__ = ["CheckReport", "ScheduleError", "check"]
 
@@ -91,7 +93,10 @@ def check(
 
     # A schedule that passes checks 1-4 (as every generated one does) is confirmed in one pass;
     # otherwise the checks run one by one, so that the first failure is the one reported.
-    if not _valid_actions(schedule, flow):
+    # A schedule the lowering made from a complete order on the chunks' ranks has valid comms
+    # by construction (pipeweaver.lowering.COMMS_BY_CONSTRUCTION): its walk skips them.
+    by_construction = getattr(schedule, COMMS_BY_CONSTRUCTION, False)
+    if not _valid_actions(schedule, flow, by_construction):
         _check_actions(schedule, flow)
 
     # 5. deadlock replay.
@@ -292,79 +297,90 @@ def _check_actions(schedule: Schedule, flow) -> None:
                 )
 
 
-def _valid_actions(schedule: Schedule, flow) -> bool:
+def _valid_actions(schedule: Schedule, flow, comms_valid: bool = False) -> bool:
     """Whether checks 1-4 all pass, in one walk over the actions (False: at least one fails,
     or the walk cannot tell; :func:`_check_actions` then finds which).
 
     The same conditions as :func:`_check_actions`, gathered per action instead of per check:
-    each rank's computes and receives so far, each compute's home rank from its chunk, each
-    transfer's consumer ranks once, and per ordered pair of ranks the sent and received
-    transfers, which must be the same list without repeats.
+    each rank's computes and receives so far, and per ordered pair of ranks the sent and
+    received transfers, which must be the same list without repeats. What each compute and
+    transfer needs (its chunk's rank, its F, its local inputs, its remote ones as transfer ids,
+    a transfer's producer and consumer ranks) comes from the step's
+    :class:`~pipeweaver.transfers.TransferGraph`, listed once per data-flow piece. A comm
+    whose ``(tensor, part)`` is no transfer there fails: a tensor that is not the step's, a
+    part that no compute consumes, or one consumed only on its producer's rank (its send or
+    receive then names a peer that is no consumer, or no producer).
+
+    ``comms_valid``: the schedule's comms are known to pass checks 2 and 4 and to deliver
+    every remote input before its consumer (the lowering's guarantee); only its computes are
+    confirmed then.
     """
-    placement = schedule.placement
     n = schedule.num_ranks
-    home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
-    inputs, outputs = flow.inputs, flow.outputs
+    graph = TransferGraph(schedule.placement, schedule.structure)
+    pieces, edge_base = graph.pieces, graph.edge_base
+    num_microbatches = len(pieces)
     none = Memory.NONE
-    F = Kind.F
-    seen: set = set()
-    memory_of: dict[Compute, Compute] = {}  # F key -> the F as run (its strategy)
-    consumer_ranks_of: dict[tuple, frozenset[int]] = {}
+    send = CommOp.SEND
+    seen: dict[Compute, Compute] = {}  # compute key -> the compute as run (its strategy)
     sent: dict[tuple[int, int], list] = defaultdict(list)
     received: dict[tuple[int, int], list] = defaultdict(list)
     for r, actions in enumerate(schedule.actions):
-        have: set = set()  # computes run here, and (tensor, part) received here
+        have: set = set()  # computes run here, and transfer ids received here
         for a in actions:
             t = type(a)
             if t is Compute:
                 key = a if a.memory is none else a.key
-                ins = inputs.get(key)
-                if ins is None or key in seen:
+                m = key.microbatch
+                if m >= num_microbatches:
                     return False
-                chunks = home.get(a.module)
-                if chunks is None or a.chunk >= len(chunks) or chunks[a.chunk] != r:
+                facts = pieces[m].facts.get(key)
+                if facts is None or key in seen:
                     return False
-                if a.kind is not F:
-                    f = key.partner()
-                    if f not in have:  # its F runs on this rank (same chunk), earlier
+                home, forward, local, waits, _ = facts
+                if home != r:
+                    return False
+                # Its F runs on this rank (same chunk), earlier, with the same strategy.
+                if forward is not None:
+                    if forward not in have:
                         return False
-                    run = memory_of[f]
+                    run = seen[forward]
                     if run.memory is not a.memory or run.recompute_layers != a.recompute_layers:
                         return False
-                for producer, part in ins:
-                    if home[producer.module][producer.chunk] == r:
-                        if producer not in have:
-                            return False
-                    elif (producer, part) not in have:
+                for producer in local:
+                    if producer not in have:
                         return False
-                seen.add(key)
+                if waits and not comms_valid:
+                    base = edge_base[m]
+                    for e in waits:
+                        if base + e not in have:
+                            return False
+                seen[key] = a
                 have.add(key)
-                memory_of[key] = a
                 continue
             if t is not Comm:
                 return False
-            peer, tensor, part = a.peer, a.tensor, a.part
+            if comms_valid:
+                continue
+            peer, tensor = a.peer, a.tensor
             if peer == r or peer >= n:
                 return False
-            edge = (tensor, part)
-            consumer_ranks = consumer_ranks_of.get(edge)
-            if consumer_ranks is None:
-                cons = outputs.get(tensor)
-                if cons is None:
+            m = tensor.microbatch
+            if m >= num_microbatches:
+                return False
+            piece = pieces[m]
+            e = piece.edge_id.get((tensor, a.part))
+            if e is None:
+                return False
+            g = edge_base[m] + e
+            if a.op is send:
+                if piece.src[e] != r or tensor not in have or peer not in piece.consumer_ranks[e]:
                     return False
-                consumer_ranks = consumer_ranks_of[edge] = frozenset(
-                    home[c.module][c.chunk] for c, p in cons if p == part
-                )
-            producer_rank = home[tensor.module][tensor.chunk]
-            if a.op is CommOp.SEND:
-                if producer_rank != r or tensor not in have or peer not in consumer_ranks:
-                    return False
-                sent[(r, peer)].append(edge)
+                sent[(r, peer)].append(g)
             else:
-                if producer_rank != peer or r not in consumer_ranks:
+                if piece.src[e] != peer or r not in piece.consumer_ranks[e]:
                     return False
-                have.add(edge)
-                received[(peer, r)].append(edge)
+                have.add(g)
+                received[(peer, r)].append(g)
     if len(seen) != len(flow.computes) or sent.keys() != received.keys():
         return False
     for pair, edges in sent.items():
@@ -377,18 +393,22 @@ def _replay(ranks: Sequence[Sequence], semantics: str) -> int:
     """Run every rank's list together; raise on a deadlock. Returns the number of rounds."""
     n = len(ranks)
     pos = [0] * n
-    issued: set[tuple[int, int, object]] = set()  # (src, dst, edge) sends issued
+    issued: set[tuple] = set()  # (src, dst, tensor, part) of the sends issued
+    rendezvous = semantics == "rendezvous"
+    send = CommOp.SEND
     rounds = 0
     while True:
         rounds += 1
         progress = False
         for r in range(n):
             actions = ranks[r]
-            while pos[r] < len(actions):
-                a = actions[pos[r]]
+            size = len(actions)
+            i = pos[r]
+            while i < size:
+                a = actions[i]
                 if isinstance(a, Comm):
-                    if a.is_send:
-                        if semantics == "rendezvous":
+                    if a.op is send:
+                        if rendezvous:
                             peer_pos = pos[a.peer]
                             peer = ranks[a.peer]
                             at = peer[peer_pos] if peer_pos < len(peer) else None
@@ -401,12 +421,12 @@ def _replay(ranks: Sequence[Sequence], semantics: str) -> int:
                                 break
                             # Both sides complete together.
                             pos[a.peer] += 1
-                        issued.add((r, a.peer, a.edge))
-                    else:
-                        if (a.peer, r, a.edge) not in issued:
-                            break
-                pos[r] += 1
+                        issued.add((r, a.peer, a.tensor, a.part))
+                    elif (a.peer, r, a.tensor, a.part) not in issued:
+                        break
+                i += 1
                 progress = True
+            pos[r] = i
         if all(pos[r] >= len(ranks[r]) for r in range(n)):
             return rounds
         if not progress:

@@ -20,6 +20,7 @@ saved activations of an F never do); :func:`dependency_graph` prepares them for 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -245,6 +246,11 @@ PIECES_KEPT = 100_000
 _flows: OrderedDict[tuple, DataFlow] = OrderedDict()
 _flows_lock = threading.Lock()  # the trainer plans the next batch's schedule in a thread
 _pieces: dict[tuple, "FlowPiece"] = {}
+# Pieces are keyed by their placement's id here, not by its key: hashing a placement's key (its
+# chunks' dataclasses) for each of a step's microbatches cost more than the lookups. Ids are
+# never reused, so a cleared table never gives one placement's pieces to another.
+_placement_ids: dict[tuple, int] = {}
+_next_placement_id = itertools.count()
 
 
 class FlowPiece:
@@ -255,7 +261,8 @@ class FlowPiece:
         inputs: per compute, :func:`data_inputs`.
         outputs: per compute, :func:`consumers`.
         derived: what users of the piece derive from it once for all the steps that share it
-            (``pipeweaver.semu.replay``'s transfer ids), by the user's name.
+            (:mod:`pipeweaver.transfers`' transfer ids, the greedy scheduler's dependency ids),
+            by the user's name.
     """
 
     __slots__ = ("computes", "inputs", "outputs", "derived")
@@ -272,6 +279,7 @@ def clear_flow_caches() -> None:
     with _flows_lock:
         _flows.clear()
         _pieces.clear()
+        _placement_ids.clear()
 
 
 def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> FlowPiece:
@@ -340,11 +348,17 @@ def _microbatch_piece(placement: Placement, m: int, subs: tuple[int, ...]) -> Fl
 def flow_pieces(placement: Placement, structure: MicrobatchStructure) -> list[FlowPiece]:
     """Per microbatch of the step, its :class:`FlowPiece` (kept for later steps)."""
     pkey = placement.key()
+    with _flows_lock:
+        pid = _placement_ids.get(pkey)
+        if pid is None:
+            if len(_placement_ids) >= PIECES_KEPT:
+                _placement_ids.clear()
+            pid = _placement_ids[pkey] = next(_next_placement_id)
     out = []
     counts = [structure.subs.get(e) for e in placement.encoders]
     for m in range(structure.num_microbatches):
         subs = tuple(0 if n is None else n[m] for n in counts)
-        pk = (pkey, m, subs)
+        pk = (pid, m, subs)
         piece = _pieces.get(pk)
         if piece is None:
             piece = _microbatch_piece(placement, m, subs)

@@ -22,7 +22,7 @@ import heapq
 from typing import Callable, Protocol, Sequence
 
 from orchestration.model_shape import ModelShape
-from pipeweaver.dataflow import MicrobatchStructure, data_flow
+from pipeweaver.dataflow import FlowPiece, MicrobatchStructure, data_flow, flow_pieces
 from pipeweaver.ir import MODULE_INDEX, Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
@@ -56,11 +56,16 @@ def flops_durations(
     # A forward's FLOPs depend on its microbatch's sequences and its chunk's layers, not on the
     # chunk itself: a microbatch's equal chunks and each backward share one evaluation.
     forwards: dict[tuple, float] = {}
+    # Per (module, chunk): its layers and whether it holds the module's last one.
+    layers = {
+        (module, c): (cp.start, cp.stop, cp.stop == placement.num_layers(module))
+        for module, cps in placement.chunks.items()
+        for c, cp in enumerate(cps)
+    }
 
     def duration(compute: Compute) -> float:
         module, sub = compute.module, compute.sub
-        start, stop = placement.layer_range(module, compute.chunk)
-        last = stop == placement.num_layers(module)
+        start, stop, last = layers[(module, compute.chunk)]
         key = (compute.microbatch, module, sub, stop - start, start == 0, last)
         flops = forwards.get(key)
         if flops is None:
@@ -312,24 +317,26 @@ def _interleave(
     """
     P = placement.num_ranks
     computes = flow.computes
-    # The pass runs on indices into ``computes`` (hashing a Compute is a Python call).
-    index = {a: i for i, a in enumerate(computes)}
-    rank_of = [placement.rank_of(a.module, a.chunk) for a in computes]
-    # Each compute's dependencies (dataflow.dependencies, from the shared listing), kept: its
-    # start is the latest of their ends (plus a hop). The F of a B is its neighbour before it
-    # (DataFlow.computes lists each F/B pair side by side, F first).
+    # The pass runs on indices into ``computes`` (hashing a Compute is a Python call): each
+    # compute's rank, the computes it needs (kept: its start is the latest of their ends, plus
+    # a hop) and those that need it, per microbatch piece (ids from 0, made once per piece)
+    # plus the microbatch's first id, as the data flow lists the pieces one after another.
+    rank_of: list[int] = []
     needs: list[tuple[int, ...]] = []
-    inputs = flow.inputs
-    for i, a in enumerate(computes):
-        producers = [index[p] for p, _ in inputs[a]]
-        if a.kind is Kind.B:
-            producers.insert(0, i - 1)
-        needs.append(tuple(producers))
+    dependents: list[tuple[int, ...]] = []
+    backwards_left = []  # per microbatch, its backwards not placed yet
+    for piece in flow_pieces(placement, structure):
+        ranks, p_needs, p_dependents = _piece_graph(placement, piece)
+        base = len(rank_of)
+        rank_of.extend(ranks)
+        if base:
+            needs.extend([tuple([base + d for d in deps]) for deps in p_needs])
+            dependents.extend([tuple([base + d for d in deps]) for deps in p_dependents])
+        else:
+            needs.extend(p_needs)
+            dependents.extend(p_dependents)
+        backwards_left.append(len(ranks) // 2)  # F/B pairs
     missing = [len(deps) for deps in needs]
-    dependents: list[list[int]] = [[] for _ in computes]
-    for i, deps in enumerate(needs):
-        for d in deps:
-            dependents[d].append(i)
     end = [0.0] * len(computes)
     # Per rank and kind, a queue of (earliest start, priority, compute); the first compute's
     # key picks the queue kind (every key of one priority function has one type).
@@ -343,10 +350,6 @@ def _interleave(
     last_kind: list[Kind | None] = [None] * P
     used = [0.0] * P
     order: list[list[Compute]] = [[] for _ in range(P)]
-    backwards_left = [0] * structure.num_microbatches
-    for a in computes:
-        if a.kind is Kind.B:
-            backwards_left[a.microbatch] += 1
     oldest = 0  # the oldest microbatch with a backward left
 
     def fits(r: int, a: Compute) -> bool:
@@ -365,19 +368,23 @@ def _interleave(
         if missing[i] == 0:
             push(i, 0.0)
 
-    def best(r: int, kind: Kind, now: float):
-        """The highest-priority compute of a queue that can start at ``now``, else the earliest."""
-        if kind is Kind.F and limits is not None:
-            return queues[r][kind].best(now, lambda a: fits(r, a))
-        return queues[r][kind].best(now)
+    F, B = Kind.F, Kind.B
 
     def candidates(r: int) -> tuple | None:
         """``(start, forward, backward)``: when rank ``r`` can start its next compute, and the
-        queues' best entries it chooses from (None for a queue it may not or cannot use)."""
+        queues' best entries it chooses from (None for a queue it may not or cannot use): each
+        queue's highest-priority compute that can start at the rank's clock, else its earliest
+        (the forwards only among those that fit, under a hard limit)."""
         now = t_last[r]
-        throttled = caps is not None and used[r] > caps[r] and queues[r][Kind.B]
-        fw = None if throttled else best(r, Kind.F, now)
-        bw = best(r, Kind.B, now)
+        rank_queues = queues[r]
+        backwards = rank_queues[B]
+        if caps is not None and used[r] > caps[r] and backwards:
+            fw = None  # throttled
+        elif limits is not None:
+            fw = rank_queues[F].best(now, lambda a: fits(r, a))
+        else:
+            fw = rank_queues[F].best(now)
+        bw = backwards.best(now)
         if fw is None:
             if bw is None:
                 return None
@@ -421,21 +428,22 @@ def _interleave(
         elif bw is None:
             entry = fw
         elif fw[0] <= now and bw[0] <= now:
-            entry = bw if last_kind[r] is Kind.F else fw
+            entry = bw if last_kind[r] is F else fw
         else:  # the one that can start first; on a tie, the higher priority (min's choice)
             entry = bw if (bw[0], bw[1]) < (fw[0], fw[1]) else fw
         a, i = entry[2], entry[3]
-        queues[r][a.kind].remove(entry)
-        begin = max(now, entry[0])
+        kind = a.kind
+        queues[r][kind].remove(entry)
+        begin = entry[0] if entry[0] > now else now  # max(now, start), without the call
         finish = begin + float(duration(a))
         end[i] = finish
         t_last[r] = finish
-        last_kind[r] = a.kind
+        last_kind[r] = kind
         order[r].append(a.with_memory(memory) if with_memory else a)
         if kept_bytes is not None:
             b = kept_bytes(a)
-            used[r] += b if a.kind is Kind.F else -b
-        if a.kind is Kind.B:
+            used[r] += b if kind is F else -b
+        if kind is B:
             backwards_left[a.microbatch] -= 1
             while oldest < len(backwards_left) and backwards_left[oldest] == 0:
                 oldest += 1
@@ -443,14 +451,41 @@ def _interleave(
         for d in dependents[i]:
             missing[d] -= 1
             if missing[d] == 0:
+                # Ready when its last input has arrived (max of ends plus hops, without calls).
                 t = 0.0
                 rd = rank_of[d]
                 for pr in needs[d]:
-                    hop = p2p_time if rank_of[pr] != rd else 0.0
-                    t = max(t, end[pr] + hop)
+                    arrival = end[pr] + p2p_time if rank_of[pr] != rd else end[pr]
+                    if arrival > t:
+                        t = arrival
                 push(d, t)
                 stale.add(rd)
     return order
+
+
+def _piece_graph(placement: Placement, piece: FlowPiece) -> tuple:
+    """``(ranks, needs, dependents)`` of one microbatch's piece, with ids from 0: per compute,
+    its rank, its :func:`pipeweaver.dataflow.dependencies` (the F of a B is its neighbour
+    before it: pieces list each F/B pair side by side, F first) and the computes that depend on
+    it, in id order (made once per piece: every step that shares it reuses them)."""
+    got = piece.derived.get("interleave")
+    if got is not None:
+        return got
+    computes = piece.computes
+    index = {a: i for i, a in enumerate(computes)}
+    ranks = tuple(placement.rank_of(a.module, a.chunk) for a in computes)
+    needs = []
+    for i, a in enumerate(computes):
+        producers = [index[p] for p, _ in piece.inputs[a]]
+        if a.kind is Kind.B:
+            producers.insert(0, i - 1)
+        needs.append(tuple(producers))
+    dependents: list[list[int]] = [[] for _ in computes]
+    for i, deps in enumerate(needs):
+        for d in deps:
+            dependents[d].append(i)
+    got = piece.derived["interleave"] = (ranks, tuple(needs), tuple(map(tuple, dependents)))
+    return got
 
 
 def _per_rank(value, num_ranks: int, name: str) -> list:

@@ -20,6 +20,18 @@ from collections import defaultdict
 from pipeweaver.dataflow import consumers, data_flow, data_inputs
 from pipeweaver.ir import Comm, CommOp, Compute, ScheduleError
 from pipeweaver.schedule import Schedule
+from pipeweaver.transfers import TransferGraph
+
+COMMS_BY_CONSTRUCTION = "_comms_by_construction"
+"""The attribute :func:`lower` sets (True) on a schedule it made from an order that runs every
+compute of the step once, each on the rank of its chunk. Its comms then pass checks 2 and 4 of
+:mod:`pipeweaver.checker` and every remote input is received before its consumer (check 3's
+remote half) by construction: each send comes right after its producer and goes to its
+consumer's rank, each receive comes from the producer's rank before the consumer's position,
+the receives of a pair of ranks in its sends' order, each transfer once.
+:func:`pipeweaver.checker.check` confirms only the rest of such a schedule (its computes, and
+the deadlock replay of all its actions). A schedule built otherwise (parsed, edited, made anew
+from these actions) has no such attribute and is checked in full."""
 
 
 def lower(schedule: Schedule) -> Schedule:
@@ -34,9 +46,10 @@ def lower(schedule: Schedule) -> Schedule:
     where: dict[Compute, tuple[int, int]] = {}
     for r, computes in enumerate(order):
         for i, a in enumerate(computes):
-            if a.key in where:
+            key = a.key
+            if key in where:
                 raise ScheduleError("the compute appears twice", r, i, a)
-            where[a.key] = (r, i)
+            where[key] = (r, i)
     flow = data_flow(placement, structure)
     # When the schedule runs exactly the step's computes (as many, each one of them), every
     # producer is scheduled: the per-input check below is skipped.
@@ -51,20 +64,38 @@ def lower(schedule: Schedule) -> Schedule:
     # Sends, right after each producer, in the order of ``consumers`` (schedule-independent, so
     # that SEMU times a compute-only order exactly as its lowered form).
     out: list[list] = [[] for _ in order]
-    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)  # (src, dst) -> edges in order
-    # (dst, tensor, part) -> position on dst of the first consumer there of that part
-    first_use: dict[tuple, int] = {}
+    # (src, dst) -> per transfer in send order, (its first-use key, its receive)
+    sent: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    # first-use key -> position on dst of the first consumer there of that (tensor, part)
+    first_use: dict = {}
     home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
     outputs = flow.outputs
     send, recv = CommOp.SEND, CommOp.RECV
     # The comms of a complete step are made from its data flow's own computes and parts: valid
-    # by construction, so they skip the constructor's checks.
+    # by construction, so they skip the constructor's checks. A compute on its chunk's rank
+    # (every one, in a valid order) takes its transfers and their comms from the step's
+    # TransferGraph, made once per data-flow piece; its transfer id is its first-use key (one
+    # consumer per transfer, so one per (dst, tensor, part)).
     trusted = Comm.trusted if complete else None
+    graph = TransferGraph(placement, structure) if complete else None
+    on_home = 0  # computes that took their transfers from the graph
     for r, computes in enumerate(order):
         out_r = out[r]
         for a in computes:
             out_r.append(a)
             key = a.key
+            if graph is not None:
+                m = key.microbatch
+                piece = graph.pieces[m]
+                facts = piece.facts[key]
+                if facts[0] == r:
+                    on_home += 1
+                    base = graph.edge_base[m]
+                    for e, dst in facts[4]:
+                        first_use[base + e] = where[piece.consumer[e]][1]
+                        out_r.append(piece.send[e])
+                        sent[(r, dst)].append((base + e, piece.recv[e]))
+                    continue
             listed = outputs.get(key)
             if listed is None:  # not a compute of this step: consumers names what it lacks
                 listed = consumers(a, placement, structure)
@@ -85,18 +116,18 @@ def lower(schedule: Schedule) -> Schedule:
                 out_r.append(
                     trusted(send, dst, key, part) if trusted else Comm(send, dst, key, part)
                 )
-                sent[(r, dst)].append((key, part))
+                c = trusted(recv, r, key, part) if trusted else Comm(recv, r, key, part)
+                sent[(r, dst)].append(((dst, key, part), c))
 
     # Receives: latest position = right before the first consumer; then pulled earlier so that
     # each pair's receives follow its sends' order.
     recvs_before: list[dict[int, list[Comm]]] = [defaultdict(list) for _ in order]
     for (src, dst), edges in sorted(sent.items()):
-        positions = [first_use[(dst, tensor, part)] for tensor, part in edges]
+        positions = [first_use[k] for k, _ in edges]
         for k in range(len(positions) - 2, -1, -1):
             positions[k] = min(positions[k], positions[k + 1])
         before = recvs_before[dst]
-        for (tensor, part), pos in zip(edges, positions):
-            c = trusted(recv, src, tensor, part) if trusted else Comm(recv, src, tensor, part)
+        for (_, c), pos in zip(edges, positions):
             before[pos].append(c)
 
     final = []
@@ -112,4 +143,9 @@ def lower(schedule: Schedule) -> Schedule:
                 ci += 1
             lst.append(a)
         final.append(tuple(lst))
-    return Schedule(placement, structure, tuple(final), schedule.name)
+    lowered = Schedule(placement, structure, tuple(final), schedule.name)
+    if graph is not None and on_home == len(where):
+        # Every compute of the step once, each on its chunk's rank: the comms above follow the
+        # rules, which the checker then need not confirm again (COMMS_BY_CONSTRUCTION).
+        object.__setattr__(lowered, COMMS_BY_CONSTRUCTION, True)
+    return lowered

@@ -2,11 +2,12 @@
 """The event-driven replay of one pipeline: compiled per-rank programs in, a timeline out.
 
 The simulator (:mod:`pipeweaver.semu.simulator`) compiles each rank's action list into a
-program of op tuples with integer ids from a :class:`TransferGraph`:
+program of op tuples with integer ids from a :class:`~pipeweaver.transfers.TransferGraph`:
 
 * compute: ``(COMPUTE, action, seconds, kept bytes, transient bytes, is forward, id of its F,
-  transfers it waits for, transfers it sends)``; the last two are filled for compute-only
-  schedules, whose sends and receives are implicit (a send leaves when its producer ends);
+  transfers it waits for, transfers it sends, its name on the timeline)``; the transfers are
+  filled for compute-only schedules, whose sends and receives are implicit (a send leaves when
+  its producer ends);
 * send: ``(SEND, transfer, link, occupancy, latency, host seconds)``: the rank spends the host
   seconds posting it, then it leaves;
 * receive: ``(RECV, transfer, host seconds)``: the rank waits for the arrival, then spends the
@@ -20,88 +21,14 @@ order and arrives ``latency`` after it leaves the link.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
-from pipeweaver.dataflow import FlowPiece, MicrobatchStructure, flow_pieces
 from pipeweaver.ir import Action, Compute, ScheduleError
-from pipeweaver.placement import Placement
 from pipeweaver.semu.results import Event, PipelineResult
+from pipeweaver.transfers import TransferGraph
 
 COMPUTE, SEND, RECV, HOST = 0, 1, 2, 3
 """Op codes of a compiled program."""
-
-
-class _PieceTransfers:
-    """One microbatch's transfers with ids from 0 (a :class:`TransferGraph` adds the
-    microbatch's offsets), made once per data-flow piece and shared by every step with it."""
-
-    __slots__ = ("index", "edges", "edge_id", "remote")
-
-    def __init__(self, placement: Placement, piece: FlowPiece):
-        computes = piece.computes
-        self.index: dict[Compute, int] = dict(zip(computes, range(len(computes))))
-        self.edges: list[tuple[Compute, Any]] = []
-        self.edge_id: dict[tuple[Compute, Any], int] = {}
-        self.remote: dict[Compute, tuple[tuple[int, ...], tuple[tuple[int, int], ...]]] = {}
-        home = {m: tuple(cp.rank for cp in cps) for m, cps in placement.chunks.items()}
-        ranks = [home[a.module][a.chunk] for a in computes]
-        edges, edge_id = self.edges, self.edge_id
-        sends_of = []
-        for a, r in zip(computes, ranks):
-            sends = []
-            for consumer, part in piece.outputs[a]:
-                dst = home[consumer.module][consumer.chunk]
-                if dst != r:
-                    e = (a, part)
-                    edge_id[e] = len(edges)
-                    sends.append((len(edges), dst))
-                    edges.append(e)
-            sends_of.append(tuple(sends))
-        for a, r, sends in zip(computes, ranks, sends_of):
-            waits = []
-            for p, part in piece.inputs[a]:
-                if home[p.module][p.chunk] != r:
-                    waits.append(edge_id[(p, part)])
-            self.remote[a] = (tuple(waits), sends)
-
-
-class TransferGraph:
-    """The data flow of one (placement, structure) with integer ids, for the replay.
-
-    Computes and cross-rank transfers are numbered in the data flow's order; as every
-    dependency stays inside its microbatch, a microbatch's ids are its piece's ids (the
-    :class:`_PieceTransfers` of its :class:`~pipeweaver.dataflow.FlowPiece`, computed once
-    for every step that shares it) plus the microbatch's offsets.
-
-    Attributes:
-        pieces: per microbatch, its transfers with ids from 0.
-        compute_base: per microbatch, the id of its first compute.
-        edge_base: per microbatch, the id of its first transfer.
-        num_computes: computes of the step.
-        num_edges: cross-rank transfers of the step.
-    """
-
-    def __init__(self, placement: Placement, structure: MicrobatchStructure):
-        self.pieces: list[_PieceTransfers] = []
-        self.compute_base: list[int] = []
-        self.edge_base: list[int] = []
-        n_computes = n_edges = 0
-        for piece in flow_pieces(placement, structure):
-            transfers = piece.derived.get("transfers")
-            if transfers is None:
-                transfers = piece.derived["transfers"] = _PieceTransfers(placement, piece)
-            self.pieces.append(transfers)
-            self.compute_base.append(n_computes)
-            self.edge_base.append(n_edges)
-            n_computes += len(transfers.index)
-            n_edges += len(transfers.edges)
-        self.num_computes = n_computes
-        self.num_edges = n_edges
-
-    def edge_of(self, tensor: Compute, part) -> int:
-        """The id of the transfer of ``(tensor, part)``."""
-        m = tensor.microbatch
-        return self.edge_base[m] + self.pieces[m].edge_id[(tensor, part)]
 
 
 def receive_posts(actions: Sequence) -> list[int]:
@@ -176,7 +103,7 @@ def replay(
             op = ops[i]
             code = op[0]
             if code == COMPUTE:
-                _, a, dur, keep, transient, forward, pair, waits, sends = op
+                _, a, dur, keep, transient, forward, pair, waits, sends, name = op
                 begin = tr
                 blocked = None
                 for e in waits:
@@ -205,7 +132,8 @@ def replay(
                     send(edge, link, occupancy, latency, end)
                 if record:
                     events.append(
-                        Event(r, begin, end, str(a), a.kind.value, a.module, a.microbatch, a.chunk)
+                        Event(r, begin, end, name, "F" if forward else "B", a.module,
+                              a.microbatch, a.chunk)  # fmt: skip
                     )
                 tr = end
                 last_end[r] = end

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from orchestration.calibration import Calibration
 from pipeweaver.dataflow import MicrobatchStructure
-from pipeweaver.ir import Compute, Kind
+from pipeweaver.ir import CommOp, Compute, Kind
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
@@ -47,10 +47,11 @@ from pipeweaver.semu.grad_reduce import (
 )
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, TransferGraph, receive_posts, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache, collector_paused
 from pipeweaver.semu.timing import ComputeCost, TimeModel
+from pipeweaver.transfers import TransferGraph
 
 
 class Semu:
@@ -145,7 +146,7 @@ class Semu:
             rows = 0  # only an encoder's last chunk projects rows
         if start:
             parts = 0
-        kind, memory = a.kind.value, a.strategy
+        kind, memory = a.kind._value_, a.strategy  # without the enum's value property
         key = (self._fp, module, stop - start, start == 0, ends, kind, memory, ordered, rows, parts)
 
         def cost() -> ComputeCost:
@@ -232,8 +233,9 @@ class Semu:
         )
 
     def _microbatch_table(self, placement: Placement, mb_index: int, mb: MicrobatchMeta) -> dict:
-        """The microbatch level: one dict per (placement, microbatch), filled lazily with
-        ``Compute -> ComputeCost`` and ``(tensor, part, intra) -> (occupancy, latency)``."""
+        """The microbatch level: one dict per (placement, microbatch), filled lazily with its
+        compiled compute ops (per mode, layout, rank and graph) and its transfers' link times,
+        ``("link", module, sub, carries an encoder's output, intra) -> (occupancy, latency)``."""
         if self.cache is None:
             return {}
         key = (self._fp, placement.key(), mb_index, mb)
@@ -264,13 +266,31 @@ class Semu:
         graph = self._graph(placement, structure)
         layout_key = hash(layout)
 
+        # A transfer's bytes (edge_bytes) depend on its microbatch and on which payload it
+        # carries: an encoder sub's output rows (its last chunk's output, and the part of LLM
+        # chunk 0's input gradient that goes back to it), or a module's boundary activation
+        # (or gradient) of the sub (the LLM's: of the microbatch). Its link times are kept per
+        # payload, so a microbatch's equal transfers share one entry.
+        last_chunk = {module: len(cps) - 1 for module, cps in placement.chunks.items()}
+        forward_kind = Kind.F
+
         def link_of(tensor: Compute, part, src: int, dst: int) -> tuple[float, float]:
+            intra = layout[src][dst]
+            if part is not None:
+                k = ("link", part[0], part[1], True, intra)
+            else:
+                module = tensor.module
+                output = (
+                    module != "llm"
+                    and tensor.kind is forward_kind
+                    and tensor.chunk == last_chunk[module]
+                )
+                k = ("link", module, tensor.sub, output, intra)
             table = tables[tensor.microbatch]
-            k = (tensor, part, layout[src][dst])
             v = table.get(k)
             if v is None:
                 nbytes = self.edge_bytes(placement, tensor, part, microbatches[tensor.microbatch])
-                v = table[k] = comm.p2p_parts(nbytes, layout[src][dst])
+                v = table[k] = comm.p2p_parts(nbytes, intra)
             return v
 
         # The runtime's host time per posted send / receive and per wait (zero uncalibrated).
@@ -282,6 +302,8 @@ class Semu:
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}
+        pieces, edge_base = graph.pieces, graph.edge_base
+        send_op = CommOp.SEND
 
         def compile_compute(a: Compute, r: int) -> tuple:
             if self.compute_cost_fn is not None:
@@ -308,8 +330,13 @@ class Semu:
                 dur += len(sends) * (send_post + send_wait) + len(waits) * (recv_post + recv_wait)
             forward = a.kind is Kind.F
             # Each F/B pair's F comes right before its B in the data flow (and so in the ids).
-            pair = graph.compute_base[m] + piece.index[key] - (0 if forward else 1)
-            return (COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends)
+            local = piece.index[key]
+            pair = graph.compute_base[m] + local - (0 if forward else 1)
+            # The timeline's name of the compute: the piece's, made once, without a strategy.
+            name = piece.names[local] if key is a else str(a)
+            return (
+                COMPUTE, a, dur, c.kept_bytes, c.transient_bytes, forward, pair, waits, sends, name
+            )  # fmt: skip
 
         # Per rank: op tuples (pipeweaver.semu.replay). Compiled compute ops are cached per
         # microbatch, rank and mode.
@@ -321,6 +348,7 @@ class Semu:
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
             posts = receive_posts(actions) if recv_post and not implicit else None
+            links = [(r, peer) for peer in range(n)]
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
                     append((HOST, posts[i] * recv_post))
@@ -330,17 +358,20 @@ class Semu:
                     if op is None:
                         op = table[a] = compile_compute(a, r)
                     append(op)
-                elif a.is_send:
-                    occ, lat = link_of(a.tensor, a.part, r, a.peer)
-                    append(
-                        (SEND, graph.edge_of(a.tensor, a.part), (r, a.peer), occ, lat, send_post)
-                    )
+                    continue
+                tensor, part = a.tensor, a.part
+                m = tensor.microbatch
+                edge = edge_base[m] + pieces[m].edge_id[(tensor, part)]  # graph.edge_of
+                if a.op is send_op:
+                    occ, lat = link_of(tensor, part, r, a.peer)
+                    append((SEND, edge, links[a.peer], occ, lat, send_post))
                 else:
-                    append((RECV, graph.edge_of(a.tensor, a.part), recv_wait))
-            sends = (
-                0 if implicit else sum(1 for a in actions if type(a) is not Compute and a.is_send)
-            )
-            if sends and send_wait:
+                    append((RECV, edge, recv_wait))
+            if send_wait and not implicit:
+                sends = sum(1 for a in actions if type(a) is not Compute and a.op is send_op)
+            else:
+                sends = 0
+            if sends:
                 append((HOST, sends * send_wait))  # the runtime waits every send at the end
             programs.append(ops)
 
@@ -376,27 +407,8 @@ class Semu:
         return kept
 
     def host_time(self, microbatches: Sequence[MicrobatchMeta], rank: int) -> float:
-        """Host seconds before the pipeline starts on a rank (building its microbatches)."""
-        host = self.cost.host
-        if not host:
-            return 0.0
-        t = host.get("microbatch_s", 0.0) * len(microbatches)
-        samples = sum(mb.num_samples or len(mb.llm_seq_lens) for mb in microbatches)
-        real = sum(mb.real_tokens for mb in microbatches)
-        t += host.get("sample_s", 0.0) * samples + host.get("token_s", 0.0) * real
-        # Every rank cuts each microbatch's encoder units into its sub-microbatches.
-        subs = sum(len(s) for mb in microbatches for s in mb.encoders.values())
-        t += host.get("sub_split_s", 0.0) * subs
-        if rank == 0:
-            feats = 0.0
-            for mb in microbatches:
-                for enc, subs in mb.encoders.items():
-                    dim = self.spec.shape.encoders[enc].input_flops_per_token / (
-                        2 * self.spec.shape.encoders[enc].hidden_size
-                    )
-                    feats += dim * sum(sum(s.units) for s in subs)
-            t += host.get("feature_s_per_element", 0.0) * feats
-        return t * self.cost.slowdown
+        """Host seconds before the pipeline starts on a rank (:meth:`TimeModel.host_time`)."""
+        return self.cost.host_time(microbatches, rank)
 
     @collector_paused()
     def simulate_step(
@@ -435,7 +447,7 @@ class Semu:
         host_start = [
             [step_s + self.host_time(mbs, r) for r in range(self.pp)] for mbs in microbatches
         ]
-        a2a = self._balancer_time(balancer_bytes)
+        a2a = self.cost.balancer_time(balancer_bytes, self.tp, self.dp)
         delay = list(start_delay) if start_delay else [0.0] * self.pp
         results = []
         for d, (sched, mbs) in enumerate(zip(schedules, microbatches)):
@@ -584,17 +596,3 @@ class Semu:
             reuse=self.cache.stats() if self.cache is not None else {},
             device_memory_bytes=self.cluster.device.hbm_bytes,
         )
-
-    def _balancer_time(self, balancer_bytes: Mapping[str, Any] | None) -> float:
-        if not balancer_bytes:
-            return 0.0
-        comm = self.cost.comm
-        ranks = [self.tp * d for d in range(self.dp)]  # one DP group (TP rank 0, PP rank 0)
-        total = 0.0
-        for phase, volume in balancer_bytes.items():
-            if isinstance(volume, (int, float)):
-                t = comm.all_to_all_total(float(volume), self.dp, self.cluster.same_node(ranks))
-            else:
-                t = comm.all_to_all(volume, ranks)
-            total += 2 * t  # forward dispatch and the transposed exchange in the backward
-        return total

@@ -28,9 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from orchestration.calibration import Calibration, LayerTimeModel
+from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.work import ComputeWork, ModelCosts
@@ -199,6 +200,46 @@ class TimeModel:
         self._tables: dict[str, LayerTimeModel] = (
             dict(calibration.modules) if calibration is not None else {}
         )
+
+    def host_time(self, microbatches: Sequence[MicrobatchMeta], rank: int) -> float:
+        """Host seconds before the pipeline starts on a rank (building its microbatches), from the
+        calibration's ``host`` section (0 without one)."""
+        host = self.host
+        if not host:
+            return 0.0
+        t = host.get("microbatch_s", 0.0) * len(microbatches)
+        samples = sum(mb.num_samples or len(mb.llm_seq_lens) for mb in microbatches)
+        real = sum(mb.real_tokens for mb in microbatches)
+        t += host.get("sample_s", 0.0) * samples + host.get("token_s", 0.0) * real
+        # Every rank cuts each microbatch's encoder units into its sub-microbatches.
+        subs = sum(len(s) for mb in microbatches for s in mb.encoders.values())
+        t += host.get("sub_split_s", 0.0) * subs
+        if rank == 0:
+            feats = 0.0
+            for mb in microbatches:
+                for enc, subs in mb.encoders.items():
+                    dim = self.spec.shape.encoders[enc].input_flops_per_token / (
+                        2 * self.spec.shape.encoders[enc].hidden_size
+                    )
+                    feats += dim * sum(sum(s.units) for s in subs)
+            t += host.get("feature_s_per_element", 0.0) * feats
+        return t * self.slowdown
+
+    def balancer_time(self, balancer_bytes: Mapping[str, Any] | None, tp: int, dp: int) -> float:
+        """Seconds of the PP = 1 balancer's all-to-alls (``Semu.simulate_step``'s
+        ``balancer_bytes``) over one DP group of ``dp`` ranks ``tp`` apart."""
+        if not balancer_bytes:
+            return 0.0
+        comm = self.comm
+        ranks = [tp * d for d in range(dp)]  # one DP group (TP rank 0, PP rank 0)
+        total = 0.0
+        for phase, volume in balancer_bytes.items():
+            if isinstance(volume, (int, float)):
+                t = comm.all_to_all_total(float(volume), dp, self.cluster.same_node(ranks))
+            else:
+                t = comm.all_to_all(volume, ranks)
+            total += 2 * t  # forward dispatch and the transposed exchange in the backward
+        return total
 
     def fingerprint(self) -> str:
         """A digest of everything that changes a cost (the reuse caches key on it), so that

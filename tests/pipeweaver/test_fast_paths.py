@@ -132,6 +132,43 @@ def test_checker_equals_the_oracle_on_random_valid_and_invalid_schedules():
     assert failures >= 60  # every invalid schedule, and some over the cap
 
 
+def test_checker_reports_the_same_with_and_without_the_lowerings_guarantee():
+    # A schedule lower() made from a complete order on the chunks' ranks is checked without
+    # confirming its comms again; the same actions in a new Schedule (no guarantee) are checked
+    # in full: same report, same error, also for orders whose computes break the rules
+    # (shuffled ranks, mismatched memory strategies) and orders lower() cannot vouch for.
+    from pipeweaver.lowering import COMMS_BY_CONSTRUCTION
+
+    rng = random.Random(11)
+    vouched = 0
+    for n in range(120):
+        placement, structure = _instance(rng)
+        order = [
+            list(r) for r in random_valid_schedule(placement, structure, rng).compute_only().actions
+        ]
+        r = rng.randrange(len(order))
+        if n % 4 == 1:
+            rng.shuffle(order[r])
+        elif n % 4 == 2 and order[r]:
+            i = rng.randrange(len(order[r]))
+            order[r][i] = order[r][i].with_memory(rng.choice(list(Memory)))
+        elif n % 4 == 3 and len(order) > 1 and order[r]:  # a compute off its chunk's rank
+            order[(r + 1) % len(order)].append(order[r].pop())
+        try:
+            lowered = lower(Schedule(placement, structure, tuple(tuple(o) for o in order)))
+        except Exception:
+            continue
+        vouched += getattr(lowered, COMMS_BY_CONSTRUCTION, False)
+        anew = Schedule(placement, structure, lowered.actions)
+        assert not getattr(anew, COMMS_BY_CONSTRUCTION, False)
+        assert (
+            _report(check, lowered)
+            == _report(check, anew)
+            == _report(reference_checker.check, anew)
+        )
+    assert vouched >= 60
+
+
 def test_the_collector_comes_back_only_after_the_last_overlapping_pause():
     # Two threads' simulations overlap (A enters, B enters, A leaves, B leaves): the collector
     # stays off until B leaves, then is on again, as it was before A.
