@@ -120,10 +120,10 @@ def check(
     for key, (r, i, a) in seen.items():
         if a.kind is Kind.B:
             f = seen[key.partner()][2]
-            if f.memory is not a.memory:
+            if f.memory is not a.memory or f.recompute_layers != a.recompute_layers:
                 raise ScheduleError(
-                    f"its forward {f} uses memory strategy {f.memory.value}, this backward "
-                    f"{a.memory.value}; an F/B pair uses one strategy",
+                    f"its forward {f} uses memory strategy {f.strategy}, this backward "
+                    f"{a.strategy}; an F/B pair uses one strategy",
                     r,
                     i,
                     a,

@@ -151,7 +151,8 @@ def test_checker_reports_the_same_with_and_without_the_lowerings_guarantee():
             rng.shuffle(order[r])
         elif n % 4 == 2 and order[r]:
             i = rng.randrange(len(order[r]))
-            order[r][i] = order[r][i].with_memory(rng.choice(list(Memory)))
+            memory = rng.choice(list(Memory))  # a first-n strategy needs its layer count
+            order[r][i] = order[r][i].with_memory(memory, 1 if memory is Memory.LAYERS else 0)
         elif n % 4 == 3 and len(order) > 1 and order[r]:  # a compute off its chunk's rank
             order[(r + 1) % len(order)].append(order[r].pop())
         try:
