@@ -95,6 +95,10 @@ class AblationStep:
     wall_s: float = 0.0
     """Host seconds the step took to build and simulate (its search included)."""
 
+    block_recompute_layers: int = 0
+    """Steps 1-2: Megatron's block recompute of each chunk's first n layers when that was the
+    least recompute that fits (0: none, or :attr:`memory` says every chunk)."""
+
     mfu: float = 0.0
     """SEMU's model FLOPs utilisation of the step (the samples' FLOPs, not padding or
     recompute, over the step time and every device's peak)."""
@@ -134,15 +138,24 @@ class _Steps:
         self.semu, self.spec, self.cluster, self.device = semu, spec, cluster, device
         self.since = time.perf_counter()
 
-    def simulate(self, schedule: Schedule, mbs: Sequence[MicrobatchMeta]):
-        return self.semu.simulate_step([schedule], [list(mbs)], record_events=False)
+    def simulate(self, schedule: Schedule, mbs: Sequence[MicrobatchMeta], semu: Semu | None = None):
+        semu = self.semu if semu is None else semu
+        return semu.simulate_step([schedule], [list(mbs)], record_events=False)
 
     def step(
-        self, name: str, schedule: Schedule, mbs, memory: str, final: bool = True, **extra
+        self,
+        name: str,
+        schedule: Schedule,
+        mbs,
+        memory: str,
+        final: bool = True,
+        semu: Semu | None = None,
+        **extra,
     ) -> AblationStep:
-        """Check and simulate a step's schedule; ``final`` ends the step's wall time."""
+        """Check and simulate a step's schedule (with ``semu``, default the ablation's);
+        ``final`` ends the step's wall time."""
         check(schedule)
-        pred = self.simulate(schedule, mbs)
+        pred = self.simulate(schedule, mbs, semu)
         now = time.perf_counter()
         wall, self.since = now - self.since, (now if final else self.since)
         return AblationStep(
@@ -168,18 +181,14 @@ class _Steps:
             scheds_n, mbs_n, _ = build_step(
                 spec, self.cluster, memory=Memory.NONE, replicas=1, **build
             )
-            pred = Semu(spec, self.cluster, self.semu.cost.calibration).simulate_step(
-                [scheds_n[0]], [list(mbs_n[0])], record_events=False
-            )
-            if self.device is None or max(pred.peak_memory_bytes) <= self.device:
-                check(scheds_n[0])
-                now = time.perf_counter()
-                wall, self.since = now - self.since, now
-                return AblationStep(
-                    name, pred.step_time_s, tuple(pred.peak_memory_bytes), self.device,
-                    f"block recompute of {n} layers per chunk", scheds_n[0], wall_s=wall,
-                    mfu=pred.mfu, peak_without_recompute_bytes=kept.peak_memory_bytes,
-                ), mbs_n[0]  # fmt: skip
+            tried = self.step(
+                name, scheds_n[0], mbs_n[0], f"block recompute of {n} layers per chunk",
+                final=False, semu=Semu(spec, self.cluster, self.semu.cost.calibration),
+                block_recompute_layers=n, peak_without_recompute_bytes=kept.peak_memory_bytes,
+            )  # fmt: skip
+            if tried.fits:
+                self.since = time.perf_counter()
+                return tried, mbs_n[0]
         scheds, mbs, _ = build_step(
             self.spec, self.cluster, memory=Memory.RECOMPUTE, replicas=1, **build
         )

@@ -447,7 +447,7 @@ class Semu:
         host_start = [
             [step_s + self.host_time(mbs, r) for r in range(self.pp)] for mbs in microbatches
         ]
-        a2a = self.cost.balancer_time(balancer_bytes, self.tp, self.dp)
+        a2a = self.cost.balancer_time(balancer_bytes)
         delay = list(start_delay) if start_delay else [0.0] * self.pp
         results = []
         for d, (sched, mbs) in enumerate(zip(schedules, microbatches)):

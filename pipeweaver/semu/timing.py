@@ -225,12 +225,14 @@ class TimeModel:
             t += host.get("feature_s_per_element", 0.0) * feats
         return t * self.slowdown
 
-    def balancer_time(self, balancer_bytes: Mapping[str, Any] | None, tp: int, dp: int) -> float:
+    def balancer_time(self, balancer_bytes: Mapping[str, Any] | None) -> float:
         """Seconds of the PP = 1 balancer's all-to-alls (``Semu.simulate_step``'s
-        ``balancer_bytes``) over one DP group of ``dp`` ranks ``tp`` apart."""
+        ``balancer_bytes``) over one DP group (TP rank 0, PP rank 0)."""
         if not balancer_bytes:
             return 0.0
         comm = self.comm
+        tp = self.spec.parallel.tensor
+        dp = self.spec.parallel.data(self.cluster.num_devices)
         ranks = [tp * d for d in range(dp)]  # one DP group (TP rank 0, PP rank 0)
         total = 0.0
         for phase, volume in balancer_bytes.items():

@@ -54,17 +54,24 @@ class Described(NamedTuple):
     total_billions: float | None = None
 
 
+# The modules of configs that differ only in layout or data (one model, two rows).
+_DIP_T1_VLM = {
+    "vision": Module(29, 1792, 15360, 16, gated=False, billions=2.0),
+    "llm": Module(24, 4096, 11008, 32, 32, gated=True, billions=5.1)}  # fmt: skip
+_T2V_XL = {
+    "llm": Module(48, 6144, 24576, 48, causal=False, billions=30),
+    "vision": Module(80, 8192, 29568, 64, 8, billions=72)}  # fmt: skip
+_VLM_XL = {
+    "vision": Module(48, 6144, 24576, 48, gated=False, billions=22),
+    "llm": Module(96, 12288, 49152, 96, 96, gated=False, billions=175)}  # fmt: skip
+
 DESCRIBED = {
     "cpu-main": Described(1, (1, 1, 1), 4, 256, 16, {
         "llm": Module(4, 64, heads=4), "vision": Module(2, 64), "audio": Module(2, 64)}),
     "dip-t1-lm7b": Described(8, (2, 4, 1), 2, 8192, 34, {
         "llm": Module(32, 4096, 11008, 32, 32, gated=True, billions=6.7)}),
-    "dip-t1-vlm-dynamic": Described(8, (2, 4, 1), 2, 8192, 26, {
-        "vision": Module(29, 1792, 15360, 16, gated=False, billions=2.0),
-        "llm": Module(24, 4096, 11008, 32, 32, gated=True, billions=5.1)}),
-    "dip-t1-vlm-static": Described(8, (2, 4, 1), 2, 8192, 25, {
-        "vision": Module(29, 1792, 15360, 16, gated=False, billions=2.0),
-        "llm": Module(24, 4096, 11008, 32, 32, gated=True, billions=5.1)}),
+    "dip-t1-vlm-dynamic": Described(8, (2, 4, 1), 2, 8192, 26, _DIP_T1_VLM),
+    "dip-t1-vlm-static": Described(8, (2, 4, 1), 2, 8192, 25, _DIP_T1_VLM),
     "gpu-check": Described(1, (1, 1, 1), 2, 8192, 16, {
         "vision": Module(32, 1280, 3456, 16, gated=True, causal=False, billions=0.66),
         "llm": Module(16, 2048, 8192, 32, 8, billions=1.52)}, total_billions=2.18),
@@ -77,12 +84,8 @@ DESCRIBED = {
     "slurm-example": Described(4, (2, 2, 1), 2, 8192, 512, {
         "llm": Module(32, 4096, 4 * 4096, 32), "vision": Module(32, 1280, 4 * 1280, 16),
         "audio": Module(32, 1280, 4 * 1280, 20)}),
-    "t2v-xl": Described(3072, (8, 4, 2), 2, 9216, 1536, {
-        "llm": Module(48, 6144, 24576, 48, causal=False, billions=30),
-        "vision": Module(80, 8192, 29568, 64, 8, billions=72)}),
-    "t2v-xl-6k": Described(6144, (8, 8, 2), 2, 9216, 1536, {
-        "llm": Module(48, 6144, 24576, 48, causal=False, billions=30),
-        "vision": Module(80, 8192, 29568, 64, 8, billions=72)}),
+    "t2v-xl": Described(3072, (8, 4, 2), 2, 9216, 1536, _T2V_XL),
+    "t2v-xl-6k": Described(6144, (8, 8, 2), 2, 9216, 1536, _T2V_XL),
     "t2v-l": Described(64, (8, 8, 2), 2, 9216, 32, {
         "llm": Module(48, 6144, 24576, 48, causal=False, billions=30),
         "vision": Module(64, 5120, billions=32)}),
@@ -91,12 +94,8 @@ DESCRIBED = {
     "vlm-l": Described(64, (8, 8, 2), 2, 8192, 32, {
         "vision": Module(48, 6144, 24576, 48, gated=False, billions=22),
         "llm": Module(80, 8192, 29568, 64, 8, billions=72)}),
-    "vlm-xl": Described(8192, (8, 8, 2), 2, 8192, 2048, {
-        "vision": Module(48, 6144, 24576, 48, gated=False, billions=22),
-        "llm": Module(96, 12288, 49152, 96, 96, gated=False, billions=175)}),
-    "vlm-xl-16k": Described(16384, (8, 16, 2), 2, 8192, 2048, {
-        "vision": Module(48, 6144, 24576, 48, gated=False, billions=22),
-        "llm": Module(96, 12288, 49152, 96, 96, gated=False, billions=175)}),
+    "vlm-xl": Described(8192, (8, 8, 2), 2, 8192, 2048, _VLM_XL),
+    "vlm-xl-16k": Described(16384, (8, 16, 2), 2, 8192, 2048, _VLM_XL),
     "vlm-m": Described(32, (8, 4, 2), 2, 8192, 32, {
         "vision": Module(63, 1792, gated=False),
         "llm": Module(64, 5120, 27648, 40, 8, billions=32)}),

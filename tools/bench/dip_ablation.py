@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                             "peak_memory_gib": [b / GIB for b in s.peak_memory_bytes],
                             "fits": s.fits,
                             "memory": s.memory,
+                            "block_recompute_layers": s.block_recompute_layers,
                         }
                         for s in b
                     ]

@@ -254,8 +254,8 @@ def _megatron_step_command(cluster: str, step: dict) -> str:
     argv = ["--model", "vlm-s", "--cluster", cluster, "--placement", "balanced", "--replicas", "1"]
     if step["memory"].startswith("recompute"):
         argv += ["--memory", "recompute"]
-    elif step["memory"].startswith("block recompute of "):
-        n = step["memory"].split()[3]
+    elif step["block_recompute_layers"]:
+        n = step["block_recompute_layers"]
         argv += ["--set", "recompute-granularity=full", "--set", "recompute-method=block",
                  "--set", f"recompute-num-layers={n}"]  # fmt: skip
     return _command("tools/semu.py", argv) + " (= dip_ablation step 1)"
