@@ -212,6 +212,14 @@ class Compute:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt, not restored: the cached hash mixes string hashes, which differ between
+        # processes (the schedule search's workers unpickle computes as dictionary keys).
+        return Compute, (
+            self.module, self.chunk, self.kind, self.microbatch, self.sub, self.memory,
+            self.recompute_layers,
+        )  # fmt: skip
+
     @property
     def key(self) -> "Compute":
         """The compute itself, without its memory strategy (nor its layer count): the id of the
@@ -321,6 +329,10 @@ class Comm:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt, not restored: the cached hash differs between processes (see Compute's).
+        return Comm, (self.op, self.peer, self.tensor, self.part)
 
     @classmethod
     def trusted(cls, op: CommOp, peer: int, tensor: Compute, part: Part | None) -> "Comm":

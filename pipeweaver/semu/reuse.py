@@ -51,6 +51,11 @@ class ReuseCache:
     misses: Counter = field(default_factory=Counter)
     """Misses per level."""
 
+    def __getstate__(self) -> dict:
+        # A copy for another process (the schedule search's workers unpickle a Semu) travels
+        # empty: the entries can be many, and are recomputed there.
+        return dict(vars(ReuseCache(self.max_entries)))
+
     def get(self, level: str, key: Hashable, compute: Callable[[], Any]) -> Any:
         """The cached value of ``key`` at ``level``, computing and storing it on a miss."""
         table = self.levels[level]
