@@ -12,5 +12,6 @@ Pure Python/numpy, no ``torch.distributed``:
   :func:`pipeweaver.interleave.greedy_dual_queue` with ``memory_limit``);
 * :mod:`pipeweaver.search.mcts`: phase 1, Monte-Carlo tree search over segment priorities,
   every rollout ordered by phase 2 (:func:`pipeweaver.interleave.greedy_dual_queue`) and
-  scored by SEMU.
+  scored by SEMU; with ``workers`` > 1 each wave of the search is scored by
+  :mod:`pipeweaver.search.search_pool`'s worker processes (at most half the host's cores).
 """

@@ -30,19 +30,30 @@ A subtree whose every complete order has been evaluated is *exhausted* and never
 again; when the root is, the search has enumerated everything and stops: on small instances
 it is then exact.
 
-Determinism: with a rollout budget the result depends only on the inputs, the seed and the
-budget (the cache changes no result), so every rank of a pipeline that runs the search finds
-the same schedule. With ``budget_ms`` the search also stops after the rollout that crosses the
-time budget, and how many rollouts that is depends on the machine and its load: the trainer
-uses rollout budgets where ranks must agree. The greedy default order is always evaluated
-first and the best order is returned, so the search is never worse than greedy (or, when
-maximising, never better).
+Workers: the search runs in *waves*. A wave makes up to ``workers`` selections and
+expansions one after another, each under a virtual loss of the ones before it (a pending
+rollout counts as a visit, and a node with only pending rollouts scores as the worst time
+seen), so that they pick different nodes; then all their rollouts are evaluated together,
+by worker processes (:class:`~pipeweaver.search.search_pool.SearchPool`, at most half the
+host's cores) or in turn in this process, and backpropagated in selection order. With one
+worker a wave is one iteration above.
+
+Determinism: the tree, the generator and the backpropagation stay in this process and run in
+a fixed order; only the evaluations are spread. With a rollout budget the result therefore
+depends only on the inputs, the seed, the budget and ``workers`` (not on the processes'
+timing, nor on the cache, nor on whether the waves are evaluated by a pool or in turn), so
+every rank of a pipeline that runs the search finds the same schedule. With ``budget_ms``
+the search also stops after the wave that crosses the time budget, and how many rollouts
+that is depends on the machine and its load: the trainer uses rollout budgets where ranks
+must agree. The greedy default order is always evaluated first and the best order is
+returned, so the search is never worse than greedy (or, when maximising, never better).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -55,6 +66,7 @@ from pipeweaver.interleave import default_priority, greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.search_pool import SearchPool, cached_many, check_workers
 from pipeweaver.search.segments import SegmentGroup, SegmentSpace, order_priority
 from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.simulator import Semu
@@ -103,10 +115,25 @@ class SearchResult:
     exhausted: bool
     """Whether every order was evaluated (the result is then the exact optimum)."""
 
+    workers: int = 1
+    """Processes that scored the orders (nodes expanded per wave of the search)."""
+
     @property
     def speedup(self) -> float:
         """Greedy's predicted time over the search's (>= 1 when minimising)."""
         return self.greedy_step_time_s / self.step_time_s if self.step_time_s > 0 else 1.0
+
+
+class _Durations:
+    """Phase 2's compute durations, looked up by compute (picklable, unlike a closure)."""
+
+    __slots__ = ("times",)
+
+    def __init__(self, times: dict):
+        self.times = times
+
+    def __call__(self, a: Compute) -> float:
+        return self.times[a.key]
 
 
 class OrderEvaluator:
@@ -162,15 +189,14 @@ class OrderEvaluator:
         self.score = score
         if duration is None:
             # Phase 2 asks for each duration many times per rollout: look them up once.
-            times = {
-                a: semu.compute_cost(
-                    placement, a.with_memory(memory), microbatches[a.microbatch]
-                ).time_s
-                for a in all_computes(placement, structure)
-            }
-
-            def duration(a: Compute) -> float:
-                return times[a.key]
+            duration = _Durations(
+                {
+                    a: semu.compute_cost(
+                        placement, a.with_memory(memory), microbatches[a.microbatch]
+                    ).time_s
+                    for a in all_computes(placement, structure)
+                }
+            )
 
         limited = memory_cap is not None or memory_limit is not None
         if limited and activation_bytes is None and semu is not None:
@@ -181,6 +207,10 @@ class OrderEvaluator:
         if memory_limit is not None:
             self._phase2.update(memory_limit=memory_limit, activation_bytes=activation_bytes)
         self._cache: dict[Indices, float] = {}
+
+    def __getstate__(self) -> dict:
+        # What a search worker gets (search_pool): everything but the cache of scores.
+        return {**self.__dict__, "_cache": {}}
 
     def interleave(self, priority: Callable[[Compute], tuple], lowered: bool = True) -> Schedule:
         """Phase 2 alone with a priority function: the greedy schedule (lowered, or the
@@ -231,7 +261,9 @@ class OrderEvaluator:
 class _Node:
     """One node of the search tree: a prefix of the order."""
 
-    __slots__ = ("parent", "prefix", "children", "untried", "visits", "best", "exhausted")
+    __slots__ = (
+        "parent", "prefix", "children", "untried", "visits", "pending", "best", "exhausted"
+    )  # fmt: skip
 
     def __init__(self, parent: "_Node | None", prefix: Indices, moves: list[int]):
         self.parent = parent
@@ -239,6 +271,7 @@ class _Node:
         self.children: list[_Node] = []
         self.untried = moves
         self.visits = 0
+        self.pending = 0  # rollouts of the current wave below this node (the virtual loss)
         self.best = math.inf  # the best (lowest) objective below this node
         self.exhausted = False
 
@@ -262,6 +295,18 @@ class TreeOutcome:
     exhausted: bool
     """Whether the whole tree was enumerated."""
 
+    waves: int = 0
+    """Waves of the search (each evaluates up to ``workers`` nodes' rollouts together)."""
+
+
+def _exhaust(node: _Node) -> None:
+    """Mark a complete order's node exhausted, and every ancestor left with nothing else."""
+    node.exhausted = True
+    up = node.parent
+    while up is not None and not up.untried and all(c.exhausted for c in up.children):
+        up.exhausted = True
+        up = up.parent
+
 
 def tree_search(
     space: SegmentSpace,
@@ -275,25 +320,31 @@ def tree_search(
     rollouts_per_expansion: int = ROLLOUTS_PER_EXPANSION,
     maximize: bool = False,
     first: Indices | None = None,
+    workers: int = 1,
+    evaluate_many: Callable[[list[Indices]], Sequence[float]] | None = None,
 ) -> TreeOutcome:
-    """MCTS over the canonical orders of ``space`` (see the module docstring).
+    """MCTS over the canonical orders of ``space``, in waves (see the module docstring).
 
     Args:
         space: the segment groups and the legal moves.
         evaluate: order (indices) -> seconds; should be cached by the caller.
         rollouts: orders to evaluate after ``first`` (0: only ``first``).
         seed: seed of the numpy generator behind expansions and rollouts.
-        budget_ms: also stop after the rollout that crosses this many milliseconds.
+        budget_ms: also stop after the wave that crosses this many milliseconds.
         alpha: exponent of the normalised score.
         beta: weight of the exploration term.
         rollouts_per_expansion: random completions per expanded node.
         maximize: look for the slowest order instead (for benchmarks' worst case).
         first: the order evaluated first; default the greedy default order.
+        workers: nodes expanded per wave (1: the plain sequential search).
+        evaluate_many: a wave's orders -> their seconds, in order (e.g. a
+            :class:`~pipeweaver.search.search_pool.SearchPool` behind a cache); default
+            ``evaluate`` on each in turn. The result does not depend on which is used.
     """
-    if rollouts < 0 or rollouts_per_expansion < 1:
+    if rollouts < 0 or rollouts_per_expansion < 1 or workers < 1:
         raise ValueError(
-            f"rollouts must be >= 0 and rollouts_per_expansion >= 1, got {rollouts} and "
-            f"{rollouts_per_expansion}"
+            f"rollouts must be >= 0, rollouts_per_expansion and workers >= 1, got {rollouts}, "
+            f"{rollouts_per_expansion} and {workers}"
         )
     t0 = time.perf_counter()
     deadline = None if budget_ms is None else t0 + budget_ms / 1e3
@@ -304,7 +355,7 @@ def tree_search(
     first_time = float(evaluate(first))
     best_obj, best_order = sign * first_time, first
     lo = hi = best_obj  # the extremes of the objective seen, for the normalised score
-    done = 1
+    done, waves = 1, 0
 
     def complete(prefix: Indices) -> Indices:
         placed = set(prefix)
@@ -316,56 +367,78 @@ def tree_search(
         ]
         return space.merge(fwd, bwd)
 
-    def out_of_budget() -> bool:
-        return done >= rollouts + 1 or (deadline is not None and time.perf_counter() >= deadline)
+    def select(node: _Node) -> _Node:
+        # Pending rollouts count as visits, and a child with only pending ones scores as the
+        # worst time seen: the wave's next selection prefers other subtrees.
+        log_n = math.log(max(node.visits + node.pending, 1))
+        span = hi - lo
+        choice, choice_value = None, -math.inf
+        for child in node.children:
+            if child.exhausted:
+                continue
+            if child.best == math.inf:
+                s = 0.0
+            else:
+                s = (hi - child.best) / span if span > 0 else 1.0
+            value = s**alpha + beta * math.sqrt(log_n / (child.visits + child.pending))
+            if value > choice_value:
+                choice, choice_value = child, value
+        return choice  # not None: a node whose children are all exhausted is exhausted
 
     root = _Node(None, (), space.moves(()))
     if n == 0:
         root.exhausted = True
-    while not root.exhausted and not out_of_budget():
-        node = root
-        # Selection: down through fully expanded nodes.
-        while not node.untried:
-            log_n = math.log(max(node.visits, 1))
-            span = hi - lo
-            choice, choice_value = None, -math.inf
-            for child in node.children:
-                if child.exhausted:
-                    continue
-                s = (hi - child.best) / span if span > 0 else 1.0
-                value = s**alpha + beta * math.sqrt(log_n / child.visits)
-                if value > choice_value:
-                    choice, choice_value = child, value
-            node = choice  # not None: a node whose children are all exhausted is exhausted
-        # Expansion.
-        move = node.untried.pop(int(rng.integers(len(node.untried))))
-        prefix = node.prefix + (move,)
-        child = _Node(node, prefix, space.moves(prefix) if len(prefix) < n else [])
-        node.children.append(child)
-        # Rollouts.
-        batch_best, batch = math.inf, 0
-        for _ in range(1 if len(prefix) == n else rollouts_per_expansion):
-            order = prefix if len(prefix) == n else complete(prefix)
-            obj = sign * float(evaluate(order))
-            done += 1
-            batch += 1
-            lo, hi = min(lo, obj), max(hi, obj)
-            if obj < best_obj:
-                best_obj, best_order = obj, order
-            batch_best = min(batch_best, obj)
-            if out_of_budget():
-                break
-        child.exhausted = len(prefix) == n
-        # Backpropagation.
-        up = child
-        while up is not None:
-            up.visits += batch
-            up.best = min(up.best, batch_best)
-            if up.parent is not None and up.exhausted:
-                parent = up.parent
-                parent.exhausted = not parent.untried and all(c.exhausted for c in parent.children)
-            up = up.parent
-    return TreeOutcome(best_order, sign * best_obj, first_time, done, root.exhausted)
+    while not root.exhausted and done < rollouts + 1:
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        # One wave: up to ``workers`` selections and expansions, each under the virtual loss
+        # of the ones before it, all drawn from the one generator in a fixed order.
+        wave: list[tuple[_Node, list[Indices]]] = []
+        room = rollouts + 1 - done
+        while len(wave) < workers and room > 0 and not root.exhausted:
+            node = root
+            while not node.untried:
+                node = select(node)
+            move = node.untried.pop(int(rng.integers(len(node.untried))))
+            prefix = node.prefix + (move,)
+            child = _Node(node, prefix, space.moves(prefix) if len(prefix) < n else [])
+            node.children.append(child)
+            if len(prefix) == n:
+                orders = [prefix]
+                _exhaust(child)  # known now: the wave's later selections skip it
+            else:
+                orders = [complete(prefix) for _ in range(min(rollouts_per_expansion, room))]
+            room -= len(orders)
+            up = child
+            while up is not None:
+                up.pending += len(orders)
+                up = up.parent
+            wave.append((child, orders))
+        flat = [order for _, orders in wave for order in orders]
+        if evaluate_many is None:
+            times = [evaluate(order) for order in flat]
+        else:
+            times = list(evaluate_many(flat))
+        waves += 1
+        # Backpropagation, in selection order: the virtual losses go, the results come.
+        at = 0
+        for child, orders in wave:
+            batch_best = math.inf
+            for order in orders:
+                obj = sign * float(times[at])
+                at += 1
+                lo, hi = min(lo, obj), max(hi, obj)
+                if obj < best_obj:
+                    best_obj, best_order = obj, order
+                batch_best = min(batch_best, obj)
+            done += len(orders)
+            up = child
+            while up is not None:
+                up.pending -= len(orders)
+                up.visits += len(orders)
+                up.best = min(up.best, batch_best)
+                up = up.parent
+    return TreeOutcome(best_order, sign * best_obj, first_time, done, root.exhausted, waves)
 
 
 def search_schedule(
@@ -380,6 +453,8 @@ def search_schedule(
     alpha: float = ALPHA,
     beta: float = BETA,
     workers: int = 1,
+    max_workers: int | None = None,
+    pool: SearchPool | None = None,
     rollouts_per_expansion: int = ROLLOUTS_PER_EXPANSION,
     maximize: bool = False,
     evaluate: Callable[[tuple[SegmentGroup, ...]], float] | None = None,
@@ -399,8 +474,15 @@ def search_schedule(
             timing; see the module docstring).
         alpha: exponent of the normalised score in the selection rule.
         beta: weight of the exploration term.
-        workers: search processes; only 1 is implemented (the statistics are not shared
-            across processes yet).
+        workers: search processes, at most ``max_workers``: each wave of the search expands
+            this many nodes and scores their rollouts in parallel (1: in this process). The
+            result for a seed and rollout budget does not depend on the processes, only on
+            ``workers`` (see the module docstring).
+        max_workers: the cap of ``workers`` (None: half the host's cores,
+            :func:`~pipeweaver.search.search_pool.max_search_workers`).
+        pool: running workers to score with (reused across searches; ``workers`` must be its
+            size). None: with ``workers`` > 1 a pool is started for this search and closed,
+            with 1 the orders are scored in this process.
         rollouts_per_expansion: random completions per expanded node.
         maximize: find the slowest order instead (benchmarks' worst case).
         evaluate: ``order -> seconds`` replacing the default score (phase 2, phase 3, SEMU);
@@ -413,16 +495,16 @@ def search_schedule(
             ``score``).
 
     Raises:
-        ValueError: ``workers`` is not 1 or exceeds half the host's cores; bad budgets.
+        ValueError: ``workers`` is below 1 or above the cap, or is not ``pool``'s size; the
+            scorer cannot be pickled for the workers; bad budgets.
         ScheduleError: the microbatches do not match the structure, or the refined schedule
             fails the checker.
+        SearchPoolError: a worker died, failed or gave no answer in time.
     """
-    max_workers = max(1, (os.cpu_count() or 1) // 2)
-    if workers != 1:
-        raise ValueError(
-            f"search workers: only 1 is implemented, got {workers} (at most {max_workers}, "
-            f"half the host's cores, will be allowed)"
-        )
+    if pool is None:
+        check_workers(workers, max_workers)
+    elif pool.workers != workers:
+        raise ValueError(f"workers is {workers} but the pool has {pool.workers} workers")
     t0 = time.perf_counter()
     if evaluator is None:
         evaluator = OrderEvaluator(placement, structure, microbatches, semu, **phase2)
@@ -441,7 +523,8 @@ def search_schedule(
             return t
 
     before = evaluator.evaluations if evaluate is None else 0
-    outcome = tree_search(
+    search = functools.partial(
+        tree_search,
         space,
         score,
         rollouts=rollouts,
@@ -451,7 +534,18 @@ def search_schedule(
         beta=beta,
         rollouts_per_expansion=rollouts_per_expansion,
         maximize=maximize,
+        workers=workers,
     )
+    if workers == 1 and pool is None:
+        outcome = search()
+    else:
+        scorer = evaluator if evaluate is None else _GroupsScore(space, evaluate)
+        store = evaluator._cache if evaluate is None else cache
+        with contextlib.ExitStack() as stack:
+            if pool is None:
+                pool = stack.enter_context(SearchPool(workers, max_workers=max_workers))
+            pool.load(scorer)
+            outcome = search(evaluate_many=functools.partial(cached_many, store, pool.evaluate))
     schedule = evaluator.schedule(outcome.order)
     check(schedule)
     evaluations = evaluator.evaluations - before if evaluate is None else len(cache)
@@ -464,4 +558,15 @@ def search_schedule(
         evaluations=evaluations,
         search_s=time.perf_counter() - t0,
         exhausted=outcome.exhausted,
+        workers=workers,
     )
+
+
+class _GroupsScore:
+    """A caller's ``evaluate`` (groups -> seconds) as a scorer of indices, for the workers."""
+
+    def __init__(self, space: SegmentSpace, evaluate: Callable[[tuple[SegmentGroup, ...]], float]):
+        self.space, self.evaluate = space, evaluate
+
+    def __call__(self, order: Indices) -> float:
+        return float(self.evaluate(self.space.to_groups(order)))
