@@ -21,11 +21,14 @@ runtime runs them), on the dynamic pipeline's interleaved placement:
   ``--exact-runs`` phase-2 runs (``k/n``: it finished on k of n batches; ``-``: never).
 
 Times are SEMU's pipeline makespan (ms), medians over the batches; ``x`` columns are greedy
-over the column. ``ms/rollout`` is the mean time of one evaluated order (phase 2 with its
-lowering, then SEMU). No wall-clock training is run.
+over the column. ``ms/rollout`` is the search's wall time over its rollouts (phase 2 with its
+lowering, then SEMU, per order; with ``--workers N`` the N processes score each wave of the
+search together, and the figure is the wall time per rollout of the whole search, the
+start-up of the workers excluded). No wall-clock training is run.
 
 Usage: python tools/bench/search_quality.py [--batches 10] [--budgets 4 16 48] [--quick]
        [--cases vlm-s t2v-s omni-84b cpu-main cpu-main-2mb] [--seed 0] [--json FILE]
+       [--workers 1] [--max-workers N]
 
 Ends with ``mcts_over_greedy_speedup: X``: the median over batches and cases of greedy's time
 over the search's at the largest budget.
@@ -34,6 +37,7 @@ over the search's at the largest budget.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -85,13 +89,21 @@ CASES = {
 
 
 def bench_case(
-    case: Case, batches: int, budgets: list[int], seed: int, exact_runs: int, exact_max_groups: int
+    case: Case,
+    batches: int,
+    budgets: list[int],
+    seed: int,
+    exact_runs: int,
+    exact_max_groups: int,
+    pool=None,
 ) -> dict:
-    """Every figure of one case, per batch."""
+    """Every figure of one case, per batch (``pool``: a SearchPool scoring the search's waves,
+    None: one worker, this process)."""
     configs = quiet_config_files()
     from orchestration.calibration import Calibration
     from pipeweaver.search.exhaustive import exhaustive_best
     from pipeweaver.search.mcts import OrderEvaluator, tree_search
+    from pipeweaver.search.search_pool import cached_many
     from pipeweaver.semu.hardware import ClusterSpec
     from pipeweaver.semu.scenario import build_step
     from pipeweaver.semu.simulator import Semu
@@ -123,7 +135,25 @@ def bench_case(
             trace.append((time.perf_counter() - t0, t))
             return t
 
-        tree_search(space, traced, rollouts=max(budgets), seed=seed)
+        workers, traced_many = 1, None
+        if pool is not None:
+            pool.load(ev)
+            workers, many = pool.workers, functools.partial(cached_many, ev._cache, pool.evaluate)
+
+            def traced_many(orders):  # a wave's orders end together
+                times = many(orders)
+                trace.extend((time.perf_counter() - t0, t) for t in times)
+                return times
+
+            t0 = time.perf_counter()  # the scorer's loading is start-up, not search
+        tree_search(
+            space,
+            traced,
+            rollouts=max(budgets),
+            seed=seed,
+            workers=workers,
+            evaluate_many=traced_many,
+        )
         row = {
             "iteration": it,
             "groups": len(space),
@@ -149,7 +179,13 @@ def bench_case(
             best_random = min(best_random, ev(order))
         row["random"] = best_random
         worst = tree_search(
-            space, ev, rollouts=sorted(budgets)[len(budgets) // 2], seed=seed, maximize=True
+            space,
+            ev,
+            rollouts=sorted(budgets)[len(budgets) // 2],
+            seed=seed,
+            maximize=True,
+            workers=workers,
+            evaluate_many=None if pool is None else many,
         )
         row["worst"] = worst.time_s
         row["exact"] = None
@@ -184,20 +220,48 @@ def main() -> None:
         "--exact-max-groups", type=int, default=24, help="enumerate only up to this many groups"
     )
     ap.add_argument("--json", help="also write every number to this JSON file")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="search processes (1: this one; see --max-workers)"
+    )
+    ap.add_argument(
+        "--max-workers",
+        type=int,
+        help="cap on --workers (default half the host's cores, as the trainer; raise it only "
+        "to measure)",
+    )
     add_no_progress_flag(ap)
     args = ap.parse_args()
     if args.quick:
         args.batches, args.budgets = min(args.batches, 3), [4, 8, 16]
     budgets = sorted(args.budgets)
-    results = [
-        bench_case(
-            CASES[c], args.batches, budgets, args.seed, args.exact_runs, args.exact_max_groups
-        )
-        for c in args.cases
-    ]
+    from pipeweaver.search.search_pool import SearchPool, check_workers
+
+    try:
+        check_workers(args.workers, args.max_workers, "--workers")
+    except ValueError as e:
+        ap.error(str(e))
+    pool = None
+    if args.workers > 1:
+        pool = SearchPool(args.workers, max_workers=args.max_workers)
+    try:
+        results = [
+            bench_case(
+                CASES[c],
+                args.batches,
+                budgets,
+                args.seed,
+                args.exact_runs,
+                args.exact_max_groups,
+                pool,
+            )
+            for c in args.cases
+        ]
+    finally:
+        if pool is not None:
+            pool.close()
     print(
         f"phase-1 search quality in SEMU: pipeline makespan (ms), median over {args.batches} "
-        f"batches; xG = greedy / column; MCTS seed {args.seed}"
+        f"batches; xG = greedy / column; MCTS seed {args.seed}, {args.workers} worker(s)"
     )
     head = f"{'case':<13} {'mb':>3} {'grp':>4} {'flops':>9} {'greedy':>9} "
     head += " ".join(f"{'mcts@' + str(b):>9} {'xG':>5}" for b in budgets)
