@@ -32,6 +32,7 @@ from megatron.mllm.run_config import (
 from orchestration.calibration import Calibration
 from orchestration.locality import node_wise_layout_problem
 from orchestration.workload import PHASES
+from pipeweaver.search.search_pool import check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -497,6 +498,10 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         raise ConfigError("--schedule-search-budget-ms must be >= 0 (0: the greedy order)")
     if args.schedule_search_rollouts < 1:
         raise ConfigError("--schedule-search-rollouts must be >= 1")
+    try:
+        check_workers(args.schedule_search_workers, name="--schedule-search-workers")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.pipeline_memory_limit_gb is not None:
         if not args.pipeline_memory_limit_gb > 0:
             raise ConfigError(

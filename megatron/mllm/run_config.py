@@ -243,6 +243,12 @@ class PipelineConfig:
     """dynamic: rollouts of the schedule search per batch (with the run's seed this fixes the
     schedule, so runs and resumes agree; the time budget may stop the search earlier)."""
 
+    schedule_search_workers: int = 1
+    """dynamic: processes that score the schedule search's rollouts on the planner's host (at
+    most half its cores); each wave of the search expands this many nodes, so with the seed
+    and the rollouts this fixes the schedule whatever the processes' timing (another count is
+    another search). 1: the search runs in the trainer's process alone."""
+
     pipeline_memory_limit_gb: float | None = None
     """dynamic: the memory one device may use (GiB, parameters, gradients and optimizer states
     included); the schedule search keeps every batch's activations within what is left, and

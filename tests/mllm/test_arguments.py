@@ -179,6 +179,9 @@ BAD_INPUT = [
     (["--cost-fit-warmup", "9", "--cost-fit-window", "8"], 2,
      r"--cost-fit-warmup 9 must not exceed --cost-fit-window 8"),
     (["--cost-fit-window", "0"], 2, r"--cost-fit-window must be >= 1, got 0"),
+    (["--schedule-search-workers", "9999"], 2,
+     r"--schedule-search-workers must be between 1 and \d+ \(half of this host's \d+ cores\), "
+     r"got 9999"),
     ([None, "--lr"], 2, r"--lr is required to train"),  # None: BASE without this flag
 ]  # fmt: skip
 

@@ -4,6 +4,7 @@ pipeline of one): what travels, the deadline's fallback, and errors shared by ev
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from dataclasses import dataclass, field
@@ -188,3 +189,55 @@ def test_the_search_runs_by_default_only_where_it_has_a_core_of_its_own(monkeypa
     assert budget([], cores=4, threads=2)[0] == 0
     assert budget(["--schedule-search-budget-ms", "50"], cores=2)[0] == 50
     assert budget(["--pipeline-memory-limit-gb", "1"], cores=2)[0] > 0
+
+
+class _InProcess:
+    """A stand-in for a two-worker SearchPool that scores in this process."""
+
+    workers = 2
+
+    def load(self, score):
+        self.score = score
+
+    def evaluate(self, orders):
+        return [self.score(o) for o in orders]
+
+    def close(self):
+        pass
+
+
+def test_search_workers_are_capped_and_plan_what_the_same_waves_plan_in_process(monkeypatch):
+    """--schedule-search-workers above half the host's cores is one error naming the flag;
+    two workers (the cap lifted) plan exactly what the same waves scored in the trainer's own
+    process plan, under a memory limit too (its activation bytes travel to the workers)."""
+    from conftest import DYNAMIC, forcing_memory_limit_gb
+    from equivalence import TINY
+
+    from megatron.mllm.arguments import ConfigError
+    from megatron.mllm.config_files import run_from_flags
+    from megatron.mllm.steps.schedule_ahead import TrainerSearch
+    from pipeweaver.semu.scenario import build_step
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^--schedule-search-workers must be between 1 and 1 "
+                       r"\(half of this host's 2 cores\), got 2$"):  # fmt: skip
+        run_from_flags([*TINY, *DYNAMIC, "--schedule-search-workers", "2"], 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    limit = forcing_memory_limit_gb()
+    flags = [*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}",
+             "--schedule-search-workers", "2"]  # fmt: skip
+    loaded = run_from_flags(flags, 2)
+    searches = [TrainerSearch(loaded.run, loaded.model, 2, None, 60_000.0) for _ in range(2)]
+    schedules, mbs, _ = build_step(
+        loaded.semu, searches[0].semu.cluster, schedule="dynamic", pad=False, iteration=0
+    )
+    placement, structure = schedules[0].placement, schedules[0].structure
+    searches[1]._pool = _InProcess()
+    outcomes = [s(placement, structure, mbs[0]) for s in searches]
+    assert searches[0]._pool is not None and searches[0]._pool.workers == 2
+    searches[0].close()
+    assert searches[0]._pool is None
+    pooled, in_process = outcomes
+    assert pooled.schedule.actions == in_process.schedule.actions
+    assert (pooled.rollouts, pooled.predicted_s) == (in_process.rollouts, in_process.predicted_s)
+    assert pooled.rollouts == loaded.run.pipeline.schedule_search_rollouts + 1

@@ -163,6 +163,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
             f"{searched.search.budget_ms:g} ms per batch"
+            + (f", {searched.search.workers} search workers" if searched.search.workers > 1 else "")
             + (", one batch ahead" if searched.ahead_requested else ", in the step")
             + f" ({why})"
         )

@@ -25,7 +25,8 @@ dual-queue rule alone. Who searches, and when:
 Determinism: the search's seed is fixed by the run and its rollout budget by
 ``--schedule-search-rollouts``, so the same batch gets the same schedule in every run when the
 time budget is not reached first; a resumed run therefore executes the schedules of the
-uninterrupted one.
+uninterrupted one. ``--schedule-search-workers N`` scores each wave of N expansions in N
+processes: the schedule depends on N, never on the processes' timing.
 """
 
 from __future__ import annotations
@@ -341,11 +342,15 @@ class SearchedSchedules:
         self._pending = future
 
     def close(self) -> None:
-        """Stop the background thread (a search in flight finishes and is dropped)."""
+        """Stop the background thread (a search in flight finishes and is dropped), then the
+        search's worker processes, if any."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
         self._pending = None
+        close = getattr(self.search, "close", None)
+        if close is not None:
+            close()
 
 
 DEFAULT_BUDGET_MS = 200.0
@@ -393,7 +398,8 @@ class TrainerSearch:
     once, on the best order (one ILP per rollout would leave the search a few rollouts). The
     order the run has without the search (greedy on FLOP durations, within the limit) is
     always scored too, and the faster of the two by SEMU runs: the search is never predicted
-    to lose to greedy.
+    to lose to greedy. With ``--schedule-search-workers N`` > 1, N processes (started at the
+    first search, stopped by :meth:`close`) score each wave of the search.
     """
 
     def __init__(self, run, mllm, world_size: int, calibration, budget_ms: float):
@@ -417,6 +423,9 @@ class TrainerSearch:
         self.shape = mllm.shape()
         p = run.pipeline
         self.rollouts = p.schedule_search_rollouts
+        self.workers = p.schedule_search_workers
+        self.timeout_s = run.distributed_timeout.total_seconds()
+        self._pool = None
         self.budget_ms = budget_ms
         self.seed = run.seed
         self.memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
@@ -434,10 +443,11 @@ class TrainerSearch:
 
     def _limited(self, semu, placement, microbatches, limits) -> dict:
         """Phase 2's options under ``limits``: every order fits with every pair recomputed."""
-        kept = semu.activation_bytes(placement, microbatches)
+        from pipeweaver.search.memory_limit import RecomputedBytes
+
         return {
             "memory_limit": limits,
-            "activation_bytes": lambda a: kept(a.with_memory(Memory.RECOMPUTE)),
+            "activation_bytes": RecomputedBytes(semu, placement, microbatches),
         }
 
     def _fit(self, semu, schedule: Schedule, placement, microbatches, limits) -> Schedule:
@@ -460,9 +470,14 @@ class TrainerSearch:
         if limits is not None:
             options.update(self._limited(self.semu, placement, microbatches, limits))
         evaluator = OrderEvaluator(placement, structure, microbatches, self.semu, **options)
+        if self.workers > 1 and self._pool is None:
+            from pipeweaver.search.search_pool import SearchPool
+
+            self._pool = SearchPool(self.workers, timeout_s=self.timeout_s)
         result = search_schedule(
             placement, structure, microbatches, None, rollouts=self.rollouts, seed=self.seed,
-            budget_ms=self.budget_ms, evaluator=evaluator,
+            budget_ms=self.budget_ms, evaluator=evaluator, workers=self.workers,
+            pool=self._pool,
         )  # fmt: skip
         best = result.schedule
         if limits is not None:
@@ -476,6 +491,12 @@ class TrainerSearch:
             best, best_s = greedy, greedy_s
         return SearchOutcome(best, result.rollouts, best_s, greedy_s,
                              time.perf_counter() - start)  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the search's worker processes (a later search starts them again)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def fallback(self, placement: Placement, structure: MicrobatchStructure,
                  microbatches: Sequence[MicrobatchMeta]) -> Schedule:  # fmt: skip
