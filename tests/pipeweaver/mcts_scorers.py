@@ -38,3 +38,16 @@ class Stuck:
     def __call__(self, order) -> float:
         time.sleep(3600)
         return 0.0
+
+
+class HeavyModules:
+    """A scorer that answers how many of torch, megatron.core and megatron.mllm its process
+    has imported, once ``score`` (unpickled with it) is loaded."""
+
+    def __init__(self, score):
+        self.score = score
+
+    def __call__(self, order) -> float:
+        import sys
+
+        return float(sum(m in sys.modules for m in ("torch", "megatron.core", "megatron.mllm")))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import reference_mcts
-from mcts_scorers import ExitAfter, Stuck, token_cost
+from mcts_scorers import ExitAfter, HeavyModules, Stuck, token_cost
 from test_mcts import FOUR, TWO, _four_optimum, _instance, _semu
 
 from pipeweaver.checker import check
@@ -178,6 +178,13 @@ def test_bad_scorers_and_pools_are_clear_errors(pool):
     with pytest.raises(ValueError, match="pool has 2 workers"):
         search_schedule(placement, structure, mbs, _semu(), rollouts=4, workers=1, pool=pool)
     assert pool.evaluate([]) == []  # the pool is still usable
+
+
+def test_workers_import_neither_torch_nor_the_trainer(pool):
+    """A worker is a fresh interpreter: unpickling an evaluator imports pipeweaver alone."""
+    ev = _evaluator(FOUR)
+    pool.load(HeavyModules(ev))
+    assert pool.evaluate([ev.space.default()] * 2) == [0.0, 0.0]
 
 
 def _pool(**kw) -> SearchPool:
