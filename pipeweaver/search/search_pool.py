@@ -239,8 +239,11 @@ class SearchPool:
             raise SearchPoolError(self._broken)
         try:
             return self._exchange(tasks, what)
-        except SearchPoolError as e:
-            self._broken = str(e)
+        except BaseException as e:  # a worker may still hold a task: the pool cannot go on
+            if isinstance(e, SearchPoolError):
+                self._broken = str(e)
+            else:
+                self._broken = f"error: the schedule search pool stopped while {what} ({e!r})"
             self.close()
             raise
 
