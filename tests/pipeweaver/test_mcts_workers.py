@@ -90,7 +90,14 @@ def test_two_workers_give_the_in_process_waves(case, pool):
     """A real pool of two gives exactly the W=2 waves evaluated in this process, run after
     run; W=2 is another search than W=1 (other nodes per wave), not a noisier one."""
     placement, structure, mbs = _instance(case)
-    inproc = tree_search(_evaluator(case).space, _evaluator(case), rollouts=200, seed=5, workers=2)
+    seen = {1: [], 2: []}
+    for w in (1, 2):
+        ev = _evaluator(case)
+        out = tree_search(
+            ev.space, lambda o: (seen[w].append(o), ev(o))[1], rollouts=200, seed=5, workers=w
+        )
+    inproc = out
+    assert (seen[1] != seen[2]) == (case is FOUR)  # TWO's 200 rollouts pick alike
     runs = []
     for _ in range(2):
         ev = _evaluator(case)
