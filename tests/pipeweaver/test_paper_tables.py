@@ -46,6 +46,26 @@ def test_error_arithmetic(pt):
     assert pt.worst_baseline_error(rows[2:]) is None
 
 
+def test_ranges_and_bounds_are_counted_by_their_distance(pt):
+    """A row whose input the paper leaves out counts 0 with the paper's figure inside SEMU's
+    range and the nearer end's error outside it; a bound counts only the wrong side."""
+    inside = pt.Row("a", "s", "s", 10.0, 13.0, baseline=True, span=(5.0, 20.0))
+    below = pt.Row("b", "s", "s", 10.0, 13.0, baseline=True, span=(12.0, 30.0))
+    above = pt.Row("c", "s", "s", 10.0, 6.0, baseline=True, span=(8.0, 4.0))
+    assert inside.error_pct == pytest.approx(30.0) and inside.counted_error_pct == 0.0
+    assert below.counted_error_pct == pytest.approx(20.0)
+    assert above.counted_error_pct == pytest.approx(-20.0)  # the ends in either order
+    over = pt.Row("d", "s", "mfu", 0.134, 0.181, baseline=True, bound=">=")
+    under = pt.Row("e", "s", "mfu", 0.134, 0.067, baseline=True, bound=">=")
+    assert over.counted_error_pct == 0.0 and under.counted_error_pct == pytest.approx(-50.0)
+    assert pt.Row("f", "s", "x", 2.0, 3.0, bound="<=").counted_error_pct == pytest.approx(50.0)
+    assert pt.worst_baseline_error([inside, below, above, over, under]) == pytest.approx(50.0)
+    assert pt.worst_baseline_error([inside, over]) == 0.0
+    lines = pt.format_rows([below, over])
+    assert lines[3].startswith("    range: SEMU 12.000 s to 30.000 s") and "outside" in lines[3]
+    assert ">=13.4%" in lines[4] and "+35.1%" in lines[4] and "+0.0%" in lines[4]
+
+
 def test_unmatched_rows_are_printed_with_a_reason(pt, capsys):
     rows = pt.rows_no_config(argparse.Namespace(iteration=0))
     assert rows and all(r.semu is None and r.note for r in rows)
