@@ -249,6 +249,13 @@ class PipelineConfig:
     and the rollouts this fixes the schedule whatever the processes' timing (another count is
     another search). 1: the search runs in the trainer's process alone."""
 
+    schedule_search_guard_interval: int = 256
+    """dynamic, searched: iterations from one measured probe of the search's gain to the next.
+    A probe (24 iterations, from iteration 8) runs the search in alternate blocks of 4 and
+    compares the measured step times, each over SEMU's greedy time of its batch; the search
+    stays on until the next probe only where it measured at least 1% faster than greedy. 0: no
+    probe, the search runs on every batch (the schedules of every run are then the same)."""
+
     pipeline_memory_limit_gb: float | None = None
     """dynamic: the memory one device may use (GiB, parameters, gradients and optimizer states
     included); the schedule search keeps every batch's activations within what is left, and

@@ -8,6 +8,7 @@ import os
 import random
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from pipeweaver.fuzz import random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
+from pipeweaver.search.search_guard import PROBE_LENGTH, PROBE_START, SearchGuard
 
 
 @dataclass
@@ -128,6 +130,43 @@ def test_the_next_batch_is_searched_ahead_and_a_late_search_leaves_the_step_to_g
     planner(*batches[2])
     assert planner.last.source == "searched" and planner.last.rollouts == 3
     planner.close()
+
+
+def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(group, monkeypatch):
+    """Driven by a clock on which a searched batch takes 1.2 s and a greedy one 1.0 s (both
+    1.0 s of SEMU's greedy time): the probe's blocks alternate, then greedy runs, and the log
+    line says what was measured."""
+    from megatron.mllm.steps import schedule_ahead
+
+    clock = [0.0]
+    monkeypatch.setattr(schedule_ahead, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def search(placement, structure, mbs):
+        return SearchOutcome(_greedy(placement, structure, mbs), 3, 0.9, 1.0, 0.0)
+
+    def greedy_outcome(placement, structure, mbs):
+        return SearchOutcome(_greedy(placement, structure, mbs), 0, 1.0, 1.0, 0.0)
+
+    planner = SearchedSchedules(search, _greedy, group, torch.device("cpu"), True, 60.0,
+                                lambda samples: [semu_microbatch(mb) for mb in samples],
+                                guard=SearchGuard(64), greedy_outcome=greedy_outcome)  # fmt: skip
+    batches = [_step(s) for s in range(4)]
+    sources = []
+    for i in range(PROBE_START + PROBE_LENGTH + 8):
+        planner.prepare(batches[(i + 1) % 4][2])
+        planner(*batches[i % 4])
+        planner._executor.submit(lambda: None).result(30)  # the background job is done
+        sources.append(planner.last.source)
+        clock[0] += 1.2 if planner.last.source in ("searched", "in-step") else 1.0
+    planner.close()
+    # Batch i was planned during iteration i - 1, in that iteration's block.
+    expected = ["in-step"] + [
+        "searched" if SearchGuard(64).search(i - 1) else "guard" for i in range(1, len(sources))
+    ]
+    assert sources[: PROBE_START + PROBE_LENGTH + 1] == expected[: PROBE_START + PROBE_LENGTH + 1]
+    assert set(sources[PROBE_START + PROBE_LENGTH :]) == {"guard"}
+    assert planner.last.guard_gain == pytest.approx(1 / 1.2, rel=1e-5)
+    assert "the search measured 0.833x greedy's speed" in planner.last.note()
 
 
 def test_a_batch_the_planner_cannot_schedule_stops_every_stage_with_its_reason(group):

@@ -11,8 +11,12 @@ that the host's drift hits all variants alike:
 - ``greedy``: every module cut over both stages, greedy dual-queue order per batch
   (``--pipeline-schedule dynamic --schedule-search-budget-ms 0``);
 - ``searched``: the same with the schedule search (MCTS over segment priorities, one batch
-  ahead), forced on with a 200 ms budget (by default it is off on a host without a spare core,
-  such as this 2-core one).
+  ahead) on every batch, forced on with a 200 ms budget (by default it is off on a host without
+  a spare core, such as this 2-core one) and its guard off;
+- ``guarded``: the same with the guard as a run has it by default
+  (``pipeweaver.search.search_guard``): a probe of 24 iterations from iteration 9 measures the
+  search against greedy and keeps whichever is faster, so the default ``--warmup`` (32) times
+  only what comes after the decision.
 
 With ``--memory-limit`` two more variants run under a memory limit of that fraction of
 greedy's peak activation memory (SEMU's, in the run's calibration): ``recompute`` (greedy with
@@ -48,7 +52,7 @@ from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.scenario import build_step
 from pipeweaver.semu.simulator import Semu
 
-SOURCES = ("searched", "missed", "in-step", "greedy")
+SOURCES = ("searched", "missed", "in-step", "guard", "greedy")
 
 COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
 VARIANTS = {
@@ -56,13 +60,15 @@ VARIANTS = {
     "1f1b": ["--pipeline-schedule", "1f1b"],
     "greedy": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
     # Forced: by default the search is off on a host without a spare core, as here.
-    "searched": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"],
+    "searched": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
+                 "--schedule-search-guard-interval", "0"],  # fmt: skip
+    "guarded": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"],
     # The search in the step: its time is the timers' `schedule`, so the step minus it is what
     # the searched schedule costs to run (what a host with a spare core would pay).
     "in-step": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
-                "--no-plan-ahead"],  # fmt: skip
+                "--no-plan-ahead", "--schedule-search-guard-interval", "0"],  # fmt: skip
 }
-DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched")
+DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched", "guarded")
 
 
 def _median_ms(records: list[dict], warmup: int) -> float:
@@ -111,8 +117,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=32, help="untimed iterations (the guard's "
+                        "probe ends at iteration 32)")  # fmt: skip
     parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py) for SEMU")
     parser.add_argument(
         "--memory-limit",
@@ -201,6 +208,9 @@ def main() -> None:
             + ", ".join(f"{k} {v}" for k, v in sources.items() if v)
         )
     print(json.dumps({"times_ms": times, "predicted_ms": predicted}), file=sys.stderr)
+    if "guarded" in summary:
+        print(f"guarded (the search under its guard) over greedy, measured: "
+              f"{summary['guarded']:.3f}")  # fmt: skip
     if "searched" in summary:
         print(f"searched_over_greedy_measured: {summary['searched']:.3f}")
 

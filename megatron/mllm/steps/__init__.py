@@ -46,6 +46,7 @@ from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.search.partition import PartitionPlan
+from pipeweaver.search.search_guard import SearchGuard
 from pipeweaver.semu.batches import pack_microbatch
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
@@ -167,6 +168,11 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
             + (", one batch ahead" if searched.ahead_requested else ", in the step")
             + f" ({why})"
         )
+        if searched.guard is not None:
+            schedule += (
+                f", its measured gain probed every {searched.guard.interval} iterations "
+                f"from iteration {searched.guard.next_probe + 1}"
+            )
     elif name == "dynamic":
         schedule += f", greedy order ({why})"
     return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime,
@@ -187,9 +193,11 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
             for mb in samples
         ]  # fmt: skip
 
+    interval = run.pipeline.schedule_search_guard_interval
     schedules = SearchedSchedules(
         search, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
+        guard=SearchGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
     )  # fmt: skip
     if run.pipeline.pipeline_memory_limit_gb is not None:
         schedules.limit_note = (

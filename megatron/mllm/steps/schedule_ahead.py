@@ -49,6 +49,7 @@ from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.search_guard import SearchGuard
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
 MEMORY_CODES: tuple[Memory, ...] = (
@@ -73,12 +74,14 @@ def _with_strategy(a: Compute, code: int) -> Compute:
     return a.with_memory(MEMORY_CODES[code % 8], code // 8)
 
 
-SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step")
+SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step", "guard")
 """Where a step's schedule came from, as it travels (index) and as the log prints it:
 ``greedy`` (no search), ``searched`` (made ahead, in time), ``missed`` (made ahead, not in
-time: greedy ran), ``in-step`` (searched in the step, nothing was made ahead)."""
+time: greedy ran), ``in-step`` (searched in the step, nothing was made ahead), ``guard``
+(greedy, because the search's measured gain is being probed or did not pay:
+:mod:`pipeweaver.search.search_guard`)."""
 
-_HEADER = 5  # source, rollouts, predicted us, greedy us, search us
+_HEADER = 6  # source, rollouts, predicted us, greedy us, search us, guard's gain ppm
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +134,22 @@ class ScheduleRecord:
     pairs: int = 0
     """Forward/backward pairs of the schedule."""
 
+    guard_gain: float = 0.0
+    """The search guard's latest measured gain (greedy's time over the search's, per SEMU
+    greedy second); 0 before its first probe has decided, or without a guard."""
+
     def note(self) -> str:
         """The log line's part: ``schedule: searched 64 rollouts 85.1 ms, SEMU 153.2 ms
         (greedy 160.1 ms)``."""
         if self.source == "greedy":
             return "schedule: greedy"
+        if self.source == "guard":
+            if not self.guard_gain:
+                return "schedule: greedy (guard: probing the search's measured gain)"
+            return (
+                f"schedule: greedy (guard: the search measured {self.guard_gain:.3f}x greedy's "
+                f"speed, off until the next probe)"
+            )
         if self.source == "missed":
             return (
                 f"schedule: greedy (search missed its deadline, {self.search_s * 1e3:.1f} ms so "
@@ -147,6 +161,8 @@ class ScheduleRecord:
         )
         if self.recomputed:
             text += f", {self.recomputed}/{self.pairs} pairs recompute or offload"
+        if self.guard_gain:
+            text += f", guard: measured {self.guard_gain:.3f}x"
         return text
 
     def record(self) -> dict:
@@ -159,6 +175,7 @@ class ScheduleRecord:
             "search_s": self.search_s,
             "recomputed_pairs": self.recomputed,
             "pairs": self.pairs,
+            "guard_gain": self.guard_gain,
         }
 
 
@@ -181,7 +198,8 @@ def _shape(mb: MicrobatchMeta) -> tuple:
     return mb.llm_seq_lens, tuple(sorted(mb.encoders.items()))
 
 
-def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None) -> np.ndarray:
+def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None,
+           guard_gain: float | None = None) -> np.ndarray:  # fmt: skip
     """A schedule as the fixed-size int64 vector the planner broadcasts: a header, then every
     stage's computes in order, each ``index * 65536 + strategy code`` with ``index`` its
     position in :func:`pipeweaver.dataflow.all_computes` order."""
@@ -194,10 +212,9 @@ def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None) -> np
     ]
     if len(body) != len(index):
         raise ScheduleError(f"the schedule runs {len(body)} computes, the step has {len(index)}")
-    header = [source, 0, 0, 0, 0]
+    header = [source, 0, 0, 0, 0, round((guard_gain or 0.0) * 1e6)]
     if outcome is not None:
-        header = [
-            source,
+        header[1:5] = [
             outcome.rollouts,
             round(outcome.predicted_s * 1e6),
             round(outcome.greedy_s * 1e6),
@@ -214,12 +231,12 @@ def decode(words: np.ndarray, placement: Placement, structure: MicrobatchStructu
     for w in words[_HEADER:]:
         a = _with_strategy(computes[int(w) // _STRATEGY_WORDS], int(w) % _STRATEGY_WORDS)
         order[placement.rank_of(a.module, a.chunk)].append(a)
-    source, rollouts, predicted, greedy, search = (int(x) for x in words[:_HEADER])
+    source, rollouts, predicted, greedy, search, gain = (int(x) for x in words[:_HEADER])
     schedule = lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
     forwards = [a for o in order for a in o if a.kind is Kind.F]
     record = ScheduleRecord(
         SOURCES[source], rollouts, predicted / 1e6, greedy / 1e6, search / 1e6,
-        sum(a.memory is not Memory.NONE for a in forwards), len(forwards),
+        sum(a.memory is not Memory.NONE for a in forwards), len(forwards), gain / 1e6,
     )  # fmt: skip
     return schedule, record
 
@@ -238,7 +255,9 @@ class SearchedSchedules:
 
     def __init__(self, search: SearchFn, greedy: Callable[..., Schedule], pp_group,
                  device: torch.device, ahead: bool, timeout_s: float,
-                 next_microbatches: Callable[[list], Sequence[MicrobatchMeta]]):  # fmt: skip
+                 next_microbatches: Callable[[list], Sequence[MicrobatchMeta]],
+                 guard: SearchGuard | None = None,
+                 greedy_outcome: SearchFn | None = None):  # fmt: skip
         """Args:
         search: the searcher (:data:`SearchFn`).
         greedy: the greedy schedule function ``(placement, structure, microbatches)``.
@@ -248,8 +267,18 @@ class SearchedSchedules:
         timeout_s: the longest the background thread may take to stop at the run's end.
         next_microbatches: this rank's next-iteration samples (lists of ``SampleMeta`` per
             microbatch) -> SEMU's microbatches, packed exactly as the runtime packs them.
+        guard: holds the search against the measured step time (the first stage's; None:
+            the search runs on every batch).
+        greedy_outcome: with a guard, the greedy order with SEMU's time of it, what a batch
+            the guard keeps off the search gets (a :data:`SearchFn` that does not search).
         """
+        if guard is not None and greedy_outcome is None:
+            raise ValueError("a search guard needs greedy_outcome")
         self.search = search
+        self.guard = guard
+        self.greedy_outcome = greedy_outcome
+        self._iteration = 0  # this planner's steps so far: the guard's clock
+        self._step_started: float | None = None
         self.greedy = greedy
         self.pp_group = pp_group
         self.device = device
@@ -285,6 +314,7 @@ class SearchedSchedules:
         n = words_length(placement, structure)
         failure = None
         if self.stage == 0:
+            self._measure()
             try:
                 words = self._plan(placement, structure, [semu_microbatch(m) for m in microbatches])
             except ScheduleError as e:  # e.g. a batch that cannot fit the memory limit
@@ -302,7 +332,37 @@ class SearchedSchedules:
             raise PlanError(f"the pipeline schedule of this batch{self.limit_note}: {message}")
         schedule, self.last = decode(buf.cpu().numpy(), placement, structure)
         self._submit_next(placement)
+        self._iteration += 1
         return schedule
+
+    def _measure(self) -> None:
+        """The previous step's measured time (from its schedule to this one's), to the guard."""
+        now = time.perf_counter()
+        if self.guard is not None and self._step_started is not None and self.last is not None:
+            self.guard.record(self._iteration - 1, now - self._step_started, self.last.greedy_s)
+        self._step_started = now
+
+    def _searching(self) -> bool:
+        return self.guard is None or self.guard.search(self._iteration)
+
+    def _planner_for(self, iteration: int, searched: bool) -> SearchFn:
+        """What plans batch ``iteration``: the search; else greedy with SEMU's time of it where
+        the guard's probe will weigh that iteration; else greedy alone."""
+        if searched:
+            return self.search
+        if self.guard.probing(iteration):
+            return self.greedy_outcome
+
+        def greedy(placement, structure, mbs) -> SearchOutcome:
+            start = time.perf_counter()
+            schedule = self.greedy(placement, structure, mbs)
+            return SearchOutcome(schedule, 0, 0.0, 0.0, time.perf_counter() - start)
+
+        return greedy
+
+    def _encode(self, outcome: SearchOutcome, source: str) -> np.ndarray:
+        gain = None if self.guard is None else self.guard.gain
+        return encode(outcome.schedule, SOURCES.index(source), outcome, gain)
 
     def _plan(self, placement, structure, mbs: list[MicrobatchMeta]) -> np.ndarray:
         """The first stage's schedule of this step, encoded."""
@@ -313,21 +373,25 @@ class SearchedSchedules:
                 schedule = self.greedy(placement, structure, mbs)
                 return encode(schedule, SOURCES.index("missed"),
                               SearchOutcome(schedule, 0, 0.0, 0.0, waited))  # fmt: skip
-            ahead, outcome = future.result()  # a search error is raised here, as in the step
+            ahead, outcome, searched = future.result()  # a search error is raised here
             # The batch searched ahead is the one that came (unless the data differed).
             if [_shape(m) for m in ahead] == [_shape(m) for m in mbs]:
-                return encode(outcome.schedule, SOURCES.index("searched"), outcome)
+                return self._encode(outcome, "searched" if searched else "guard")
+        searched = self._searching()
+        plan = self._planner_for(self._iteration, searched)
         with self._lock:
-            outcome = self.search(placement, structure, mbs)
-        return encode(outcome.schedule, SOURCES.index("in-step"), outcome)
+            outcome = plan(placement, structure, mbs)
+        return self._encode(outcome, "in-step" if searched else "guard")
 
     def _submit_next(self, placement: Placement) -> None:
         samples, self._next = self._next, None
         if not self.ahead or samples is None:
             return
         encoders = placement.encoders
+        searched = self._searching()
+        plan = self._planner_for(self._iteration + 1, searched)
 
-        def job() -> tuple[list[MicrobatchMeta], SearchOutcome]:
+        def job() -> tuple[list[MicrobatchMeta], SearchOutcome, bool]:
             # A step that balances first hands over a function: its next plan (made in the
             # planning thread) decides the samples, so they are known only here.
             mbs = list(self.to_semu(samples() if callable(samples) else samples))
@@ -335,7 +399,7 @@ class SearchedSchedules:
                 len(mbs), {e: tuple(mb.num_subs(e) for mb in mbs) for e in encoders}
             )
             with self._lock:
-                return mbs, self.search(placement, structure, mbs)
+                return mbs, plan(placement, structure, mbs), searched
 
         future = self._executor.submit(job)
         future.started = time.perf_counter()
@@ -491,6 +555,15 @@ class TrainerSearch:
             best, best_s = greedy, greedy_s
         return SearchOutcome(best, result.rollouts, best_s, greedy_s,
                              time.perf_counter() - start)  # fmt: skip
+
+    def greedy_outcome(self, placement: Placement, structure: MicrobatchStructure,
+                       microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
+        """The greedy order and SEMU's time of it, searched nothing: what a batch the search
+        guard keeps off the search runs (its time is the guard's yardstick)."""
+        start = time.perf_counter()
+        schedule = self._greedy(self.semu, placement, structure, microbatches)
+        greedy_s = self._time(schedule, microbatches)
+        return SearchOutcome(schedule, 0, greedy_s, greedy_s, time.perf_counter() - start)
 
     def close(self) -> None:
         """Stop the search's worker processes (a later search starts them again)."""

@@ -1,0 +1,86 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The search guard: its probe pattern, its measured gain against hand-computed medians, and
+its decision both ways (pipeweaver.search.search_guard)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
+
+
+def _run(guard: SearchGuard, iterations: int, on_s: float, off_s: float, load=lambda i: 1.0):
+    """Drive the guard: an iteration whose batch was searched takes ``on_s`` seconds per SEMU
+    greedy second, else ``off_s``; ``load(i)`` is SEMU's greedy time of batch ``i``. The batch
+    of iteration i was searched when the search ran during iteration i - 1 (one batch ahead).
+    Returns, per iteration, whether the search ran during it."""
+    ran = []
+    for i in range(iterations):
+        ran.append(guard.search(i))
+        searched = ran[i - 1] if i else True
+        guard.record(i, (on_s if searched else off_s) * load(i), load(i))
+    return ran
+
+
+def test_the_probe_alternates_blocks_from_its_start_and_nothing_else_changes_before():
+    guard = SearchGuard(256)
+    assert guard.probing(PROBE_START) and not guard.probing(PROBE_START - 1)
+    assert not guard.probing(PROBE_START + PROBE_LENGTH)
+    ran = _run(guard, PROBE_START + PROBE_LENGTH, 1.0, 1.0)
+    assert ran[:PROBE_START] == [True] * PROBE_START
+    blocks = [ran[PROBE_START + b * BLOCK : PROBE_START + (b + 1) * BLOCK] for b in range(6)]
+    assert blocks == [[b % 2 == 0] * BLOCK for b in range(6)]
+    assert guard.probing(PROBE_START + 256) and guard.next_probe == PROBE_START + 256
+
+
+def test_a_search_that_measures_slower_is_turned_off_until_the_next_probe():
+    guard = SearchGuard(64)
+    ran = _run(guard, 100, on_s=1.2, off_s=1.0)
+    assert guard.gain == pytest.approx(1.0 / 1.2) and not guard.searching
+    decided = PROBE_START + PROBE_LENGTH
+    assert not any(ran[decided : PROBE_START + 64])  # off until the next probe
+    assert ran[PROBE_START + 64] and guard.next_probe == PROBE_START + 128  # probed again
+
+
+def test_a_search_that_measures_faster_stays_on():
+    guard = SearchGuard(256)
+    ran = _run(guard, 60, on_s=0.8, off_s=1.0)
+    assert guard.gain == pytest.approx(1.25) and guard.searching
+    assert all(ran[PROBE_START + PROBE_LENGTH :])
+
+
+def test_the_gain_is_per_greedy_second_so_heavier_batches_do_not_count_against_an_arm():
+    # The on blocks' batches are twice as heavy (by SEMU's greedy time) and take twice as long:
+    # per greedy second the arms are equal, and a tie goes to greedy.
+    heavy = lambda i: 2.0 if ((i - PROBE_START) // BLOCK) % 2 == 0 else 1.0  # noqa: E731
+    guard = SearchGuard(256)
+    _run(guard, PROBE_START + PROBE_LENGTH + 1, 1.0, 1.0, load=heavy)
+    assert guard.gain == pytest.approx(1.0) and not guard.searching
+    guard = SearchGuard(256)
+    _run(guard, PROBE_START + PROBE_LENGTH + 1, 0.95, 1.0, load=heavy)
+    assert guard.gain == pytest.approx(1 / 0.95) and guard.searching
+
+
+def test_every_blocks_first_iteration_is_left_out_and_so_are_unpredicted_batches():
+    """A block's first iteration ran the schedule the previous block chose: an outlier there
+    changes nothing, nor does a batch without SEMU's greedy time (0: a missed deadline)."""
+    guard = SearchGuard(256)
+    for i in range(PROBE_START + PROBE_LENGTH):
+        offset = i - PROBE_START
+        arm = guard.search(i)
+        if offset >= 0 and offset % BLOCK == 0:
+            guard.record(i, 100.0, 1.0)  # outlier, left out
+        elif offset == 5:
+            guard.record(i, 50.0, 0.0)  # no prediction, left out
+        else:
+            guard.record(i, 0.9 if arm else 1.0, 1.0)
+    assert guard.gain == pytest.approx(1 / 0.9)
+
+
+def test_bad_intervals_are_rejected_and_zero_turns_the_guard_off():
+    with pytest.raises(ValueError, match="at least one probe"):
+        SearchGuard(PROBE_LENGTH - 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        SearchGuard(-1)
+    guard = SearchGuard(0)
+    assert all(_run(guard, 80, on_s=2.0, off_s=1.0)) and guard.gain is None
