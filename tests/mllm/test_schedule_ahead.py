@@ -14,13 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.mllm.steps.schedule_ahead import (
-    SearchedSchedules,
-    SearchOutcome,
-    decode,
-    encode,
-    semu_microbatch,
-)
+from megatron.mllm.steps.schedule_ahead import SearchedSchedules, semu_microbatch
+from megatron.mllm.steps.schedule_wire import SearchOutcome, decode, encode
 from orchestration.metadata import PlanError
 from pipeweaver.checker import check
 from pipeweaver.dataflow import MicrobatchStructure
@@ -28,7 +23,7 @@ from pipeweaver.fuzz import random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
-from pipeweaver.search.search_guard import PROBE_LENGTH, PROBE_START, SearchGuard
+from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
 
 
 @dataclass
@@ -134,12 +129,17 @@ def test_the_next_batch_is_searched_ahead_and_a_late_search_leaves_the_step_to_g
 
 def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(group, monkeypatch):
     """Driven by a clock on which a searched batch takes 1.2 s and a greedy one 1.0 s (both
-    1.0 s of SEMU's greedy time): the probe's blocks alternate, then greedy runs, and the log
-    line says what was measured."""
+    1.0 s of SEMU's greedy time): the probe's blocks alternate, then greedy runs, ordered by
+    every stage itself (no broadcast) until the next probe, and the log line says what was
+    measured."""
     from megatron.mllm.steps import schedule_ahead
 
     clock = [0.0]
     monkeypatch.setattr(schedule_ahead, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    sent = []
+    broadcast = schedule_ahead.distributed.broadcast_from_first
+    monkeypatch.setattr(schedule_ahead.distributed, "broadcast_from_first",
+                        lambda *a: (sent.append(1), broadcast(*a))[1])  # fmt: skip
 
     def search(placement, structure, mbs):
         return SearchOutcome(_greedy(placement, structure, mbs), 3, 0.9, 1.0, 0.0)
@@ -151,20 +151,26 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(grou
                                 lambda samples: [semu_microbatch(mb) for mb in samples],
                                 guard=SearchGuard(64), greedy_outcome=greedy_outcome)  # fmt: skip
     batches = [_step(s) for s in range(4)]
-    sources = []
-    for i in range(PROBE_START + PROBE_LENGTH + 8):
+    sources, broadcasts = [], []
+    for i in range(PROBE_START + 64 + 6):
         planner.prepare(batches[(i + 1) % 4][2])
+        before = len(sent)
         planner(*batches[i % 4])
+        broadcasts.append(len(sent) - before)
         planner._executor.submit(lambda: None).result(30)  # the background job is done
         sources.append(planner.last.source)
         clock[0] += 1.2 if planner.last.source in ("searched", "in-step") else 1.0
     planner.close()
+    decided = PROBE_START + PROBE_LENGTH  # the step whose measurement closed the probe
+    assert broadcasts == [1] * (decided + 1) + [0] * (PROBE_START + 64 - decided - 1) + [1] * 6
+    # The next probe: its first batch greedy (planned in the window's last step), then on.
+    assert sources[PROBE_START + 64 :] == ["guard"] + ["searched"] * BLOCK + ["guard"]
     # Batch i was planned during iteration i - 1, in that iteration's block.
     expected = ["in-step"] + [
         "searched" if SearchGuard(64).search(i - 1) else "guard" for i in range(1, len(sources))
     ]
     assert sources[: PROBE_START + PROBE_LENGTH + 1] == expected[: PROBE_START + PROBE_LENGTH + 1]
-    assert set(sources[PROBE_START + PROBE_LENGTH :]) == {"guard"}
+    assert set(sources[PROBE_START + PROBE_LENGTH : PROBE_START + 64]) == {"guard"}
     assert planner.last.guard_gain == pytest.approx(1 / 1.2, rel=1e-5)
     assert "the search measured 0.833x greedy's speed" in planner.last.note()
 

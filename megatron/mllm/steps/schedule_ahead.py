@@ -35,7 +35,6 @@ import concurrent.futures
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -43,140 +42,26 @@ import torch
 import torch.distributed as dist
 
 from megatron.mllm import distributed
+from megatron.mllm.steps.schedule_wire import (
+    LOCAL_UNTIL_WORD,
+    SOURCES,
+    ScheduleRecord,
+    SearchOutcome,
+    decode,
+    encode,
+    words_length,
+)
 from orchestration.metadata import PlanError
-from pipeweaver.dataflow import MicrobatchStructure, all_computes
-from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
-from pipeweaver.lowering import lower
+from pipeweaver.dataflow import MicrobatchStructure
+from pipeweaver.ir import Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.search.search_guard import SearchGuard
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
-MEMORY_CODES: tuple[Memory, ...] = (
-    Memory.NONE,
-    Memory.RECOMPUTE,
-    Memory.OFFLOAD,
-    Memory.SELECTIVE,
-    Memory.LAYERS,
-)
-"""The memory strategy of a compute as it travels: its index here (with :attr:`Memory.LAYERS`,
-plus 8 x its count of first layers)."""
-
-_STRATEGY_WORDS = 1 << 16
-"""Codes per compute in the vector: a strategy code and the layer count fit below it."""
-
-
-def _strategy_code(a: Compute) -> int:
-    return MEMORY_CODES.index(a.memory) + 8 * a.recompute_layers
-
-
-def _with_strategy(a: Compute, code: int) -> Compute:
-    return a.with_memory(MEMORY_CODES[code % 8], code // 8)
-
-
-SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step", "guard")
-"""Where a step's schedule came from, as it travels (index) and as the log prints it:
-``greedy`` (no search), ``searched`` (made ahead, in time), ``missed`` (made ahead, not in
-time: greedy ran), ``in-step`` (searched in the step, nothing was made ahead), ``guard``
-(greedy, because the search's measured gain is being probed or did not pay:
-:mod:`pipeweaver.search.search_guard`)."""
-
-_HEADER = 6  # source, rollouts, predicted us, greedy us, search us, guard's gain ppm
-
-
-@dataclass(frozen=True, slots=True)
-class SearchOutcome:
-    """What one search produced."""
-
-    schedule: Schedule
-    """The schedule (lowered; its computes carry their memory strategies)."""
-
-    rollouts: int
-    """Rollouts the search ran."""
-
-    predicted_s: float
-    """SEMU's step time of :attr:`schedule`."""
-
-    greedy_s: float
-    """SEMU's step time of the greedy order on the same batch."""
-
-    search_s: float
-    """Seconds the search took."""
-
-
 SearchFn = Callable[[Placement, MicrobatchStructure, Sequence[MicrobatchMeta]], SearchOutcome]
 """``(placement, structure, microbatches) -> SearchOutcome``: the searcher, bound to the run's
 SEMU, seed and budgets."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRecord:
-    """What the latest step's schedule was, for the log line and the metrics."""
-
-    source: str
-    """One of :data:`SOURCES`."""
-
-    rollouts: int
-    """Rollouts of the search behind it (0 for greedy)."""
-
-    predicted_s: float
-    """SEMU's step time of the schedule that ran (0 when unknown)."""
-
-    greedy_s: float
-    """SEMU's step time of the greedy order (0 when unknown)."""
-
-    search_s: float
-    """Seconds the search took (in the background, unless ``in-step``)."""
-
-    recomputed: int = 0
-    """Forward/backward pairs of the schedule that recompute (or offload) their activations."""
-
-    pairs: int = 0
-    """Forward/backward pairs of the schedule."""
-
-    guard_gain: float = 0.0
-    """The search guard's latest measured gain (greedy's time over the search's, per SEMU
-    greedy second); 0 before its first probe has decided, or without a guard."""
-
-    def note(self) -> str:
-        """The log line's part: ``schedule: searched 64 rollouts 85.1 ms, SEMU 153.2 ms
-        (greedy 160.1 ms)``."""
-        if self.source == "greedy":
-            return "schedule: greedy"
-        if self.source == "guard":
-            if not self.guard_gain:
-                return "schedule: greedy (guard: probing the search's measured gain)"
-            return (
-                f"schedule: greedy (guard: the search measured {self.guard_gain:.3f}x greedy's "
-                f"speed, off until the next probe)"
-            )
-        if self.source == "missed":
-            return (
-                f"schedule: greedy (search missed its deadline, {self.search_s * 1e3:.1f} ms so "
-                f"far)"
-            )
-        text = (
-            f"schedule: {self.source} {self.rollouts} rollouts {self.search_s * 1e3:.1f} ms, "
-            f"SEMU {self.predicted_s * 1e3:.1f} ms (greedy {self.greedy_s * 1e3:.1f} ms)"
-        )
-        if self.recomputed:
-            text += f", {self.recomputed}/{self.pairs} pairs recompute or offload"
-        if self.guard_gain:
-            text += f", guard: measured {self.guard_gain:.3f}x"
-        return text
-
-    def record(self) -> dict:
-        """The ``schedule_search`` entry of ``--metrics-jsonl``."""
-        return {
-            "source": self.source,
-            "rollouts": self.rollouts,
-            "predicted_s": self.predicted_s,
-            "greedy_s": self.greedy_s,
-            "search_s": self.search_s,
-            "recomputed_pairs": self.recomputed,
-            "pairs": self.pairs,
-            "guard_gain": self.guard_gain,
-        }
 
 
 def semu_microbatch(mb) -> MicrobatchMeta:
@@ -196,54 +81,6 @@ def _shape(mb: MicrobatchMeta) -> tuple:
     """What a schedule depends on: the sequences and the subs (not the FLOPs or the count of
     samples, which only the loader's packing knows)."""
     return mb.llm_seq_lens, tuple(sorted(mb.encoders.items()))
-
-
-def encode(schedule: Schedule, source: int, outcome: SearchOutcome | None,
-           guard_gain: float | None = None) -> np.ndarray:  # fmt: skip
-    """A schedule as the fixed-size int64 vector the planner broadcasts: a header, then every
-    stage's computes in order, each ``index * 65536 + strategy code`` with ``index`` its
-    position in :func:`pipeweaver.dataflow.all_computes` order."""
-    index = {a: i for i, a in enumerate(all_computes(schedule.placement, schedule.structure))}
-    body = [
-        index[a.key] * _STRATEGY_WORDS + _strategy_code(a)
-        for actions in schedule.actions
-        for a in actions
-        if isinstance(a, Compute)
-    ]
-    if len(body) != len(index):
-        raise ScheduleError(f"the schedule runs {len(body)} computes, the step has {len(index)}")
-    header = [source, 0, 0, 0, 0, round((guard_gain or 0.0) * 1e6)]
-    if outcome is not None:
-        header[1:5] = [
-            outcome.rollouts,
-            round(outcome.predicted_s * 1e6),
-            round(outcome.greedy_s * 1e6),
-            round(outcome.search_s * 1e6),
-        ]
-    return np.asarray(header + body, dtype=np.int64)
-
-
-def decode(words: np.ndarray, placement: Placement, structure: MicrobatchStructure
-           ) -> tuple[Schedule, ScheduleRecord]:  # fmt: skip
-    """Inverse of :func:`encode`: the lowered schedule and what the planner said of it."""
-    computes = list(all_computes(placement, structure))
-    order: list[list[Compute]] = [[] for _ in range(placement.num_ranks)]
-    for w in words[_HEADER:]:
-        a = _with_strategy(computes[int(w) // _STRATEGY_WORDS], int(w) % _STRATEGY_WORDS)
-        order[placement.rank_of(a.module, a.chunk)].append(a)
-    source, rollouts, predicted, greedy, search, gain = (int(x) for x in words[:_HEADER])
-    schedule = lower(Schedule(placement, structure, tuple(tuple(o) for o in order), "dynamic"))
-    forwards = [a for o in order for a in o if a.kind is Kind.F]
-    record = ScheduleRecord(
-        SOURCES[source], rollouts, predicted / 1e6, greedy / 1e6, search / 1e6,
-        sum(a.memory is not Memory.NONE for a in forwards), len(forwards), gain / 1e6,
-    )  # fmt: skip
-    return schedule, record
-
-
-def words_length(placement: Placement, structure: MicrobatchStructure) -> int:
-    """Length of the vector :func:`encode` makes for this step (every stage knows it)."""
-    return _HEADER + sum(1 for _ in all_computes(placement, structure))
 
 
 class SearchedSchedules:
@@ -278,6 +115,7 @@ class SearchedSchedules:
         self.guard = guard
         self.greedy_outcome = greedy_outcome
         self._iteration = 0  # this planner's steps so far: the guard's clock
+        self._local_until = 0  # steps before this one order their batches on every stage
         self._step_started: float | None = None
         self.greedy = greedy
         self.pp_group = pp_group
@@ -311,6 +149,8 @@ class SearchedSchedules:
 
     def __call__(self, placement: Placement, structure: MicrobatchStructure,
                  microbatches: Sequence) -> Schedule:  # fmt: skip
+        if self._iteration < self._local_until:
+            return self._local_greedy(placement, structure, microbatches)
         n = words_length(placement, structure)
         failure = None
         if self.stage == 0:
@@ -331,7 +171,22 @@ class SearchedSchedules:
             message = distributed.broadcast_object_from_first(failure, self.pp_group)
             raise PlanError(f"the pipeline schedule of this batch{self.limit_note}: {message}")
         schedule, self.last = decode(buf.cpu().numpy(), placement, structure)
+        self._local_until = int(buf[LOCAL_UNTIL_WORD])
         self._submit_next(placement)
+        self._iteration += 1
+        return schedule
+
+    def _local_greedy(self, placement, structure, microbatches) -> Schedule:
+        """A step in a window the guard keeps off the search: every stage knows the window
+        from the last broadcast and orders its batch greedily itself, as a run without the
+        search does; no message, nothing searched."""
+        if self.stage == 0:
+            self._measure()
+        mbs = [semu_microbatch(m) for m in microbatches]
+        schedule = self.greedy(placement, structure, mbs)
+        gain = self.last.guard_gain if self.last is not None else 0.0
+        self.last = ScheduleRecord("guard", 0, 0.0, 0.0, 0.0, guard_gain=gain)
+        self._submit_next(placement)  # the window's last step plans the probe's first batch
         self._iteration += 1
         return schedule
 
@@ -361,8 +216,15 @@ class SearchedSchedules:
         return greedy
 
     def _encode(self, outcome: SearchOutcome, source: str) -> np.ndarray:
-        gain = None if self.guard is None else self.guard.gain
-        return encode(outcome.schedule, SOURCES.index(source), outcome, gain)
+        """The schedule's vector; after a probe that turned the search off, it also tells
+        every stage to order the batches up to the next probe itself."""
+        gain, local_until = None, 0
+        if self.guard is not None:
+            gain = self.guard.gain
+            decided_off = gain is not None and not self.guard.searching
+            if decided_off and not self.guard.probing(self._iteration + 1):
+                local_until = self.guard.next_probe
+        return encode(outcome.schedule, SOURCES.index(source), outcome, gain, local_until)
 
     def _plan(self, placement, structure, mbs: list[MicrobatchMeta]) -> np.ndarray:
         """The first stage's schedule of this step, encoded."""
@@ -385,7 +247,7 @@ class SearchedSchedules:
 
     def _submit_next(self, placement: Placement) -> None:
         samples, self._next = self._next, None
-        if not self.ahead or samples is None:
+        if not self.ahead or samples is None or self._iteration + 1 < self._local_until:
             return
         encoders = placement.encoders
         searched = self._searching()
