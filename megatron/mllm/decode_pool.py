@@ -15,7 +15,8 @@ hand rather than by ``multiprocessing``'s ``spawn`` or ``forkserver`` contexts: 
 parent's main script again in every worker (``scripts/pretrain_mllm.py`` imports the trainer:
 torch and megatron.core, about 13 s per process on a small host), and forking a process that
 holds torch's OpenMP threads can deadlock. Each worker talks to the pool over two pipes
-(:class:`multiprocessing.connection.Connection` framing and pickling).
+(:class:`multiprocessing.connection.Connection` framing and pickling), launched and stopped by
+:mod:`pipeweaver.pipe_workers` as the schedule search's workers are.
 
 A worker holds one task (a few items) at a time: the pool writes to a worker only when it
 waits for a task, so neither side can block writing to a full pipe while the other does the
@@ -31,7 +32,6 @@ This module is imported by the workers: it must import nothing heavy at module l
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from orchestration.workload import WorkloadError
+from pipeweaver.pipe_workers import exit_status, launch, stop, worker_ends, worker_env
 
 HEAVY_MODULES = ("torch", "megatron.core")
 """Modules a worker must never import (a test checks them in a live worker)."""
@@ -52,7 +53,6 @@ CHUNKS_PER_WORKER = 2
 DEFAULT_TIMEOUT_S = 600.0
 """Bound of a wait on the workers when none is given (Megatron's default distributed timeout)."""
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """The checkout holding ``megatron/mllm`` and ``orchestration``, put on a worker's path."""
 
 _WORKER = "import sys; from megatron.mllm.decode_pool import serve; serve(sys.argv[1:])"
@@ -84,10 +84,7 @@ def decode_item(prep, data: bytes):
 def serve(argv: list[str]) -> None:
     """A worker's loop (``argv``: the fds of its task and result pipes): announce itself ready,
     then answer each task until the task pipe ends or says stop."""
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tasks = Connection(int(argv[0]), writable=False)
-    results = Connection(int(argv[1]), readable=False)
+    tasks, results = worker_ends(argv)
     start = time.perf_counter()
     import PIL.Image  # noqa: F401 (imported once here, not within the first item's time)
     import soundfile  # noqa: F401
@@ -144,20 +141,16 @@ class DecodePool:
         self._started = time.perf_counter()
         self._lock = threading.Lock()  # one map at a time: each worker holds one item
         self._broken: str | None = None
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            # The workers are the parallelism: BLAS threads in each would oversubscribe cores.
-            env.setdefault(var, "1")
+        env = worker_env()
         self._workers: list[_Worker] = []
         try:
             for _ in range(workers):
-                self._workers.append(_launch(env))
+                self._workers.append(_Worker(*launch(_WORKER, env)))
         except BaseException:
-            _stop(self._workers)
+            stop(self._workers)
             raise
         # At exit, or when the pool is dropped unclosed, its workers stop all the same.
-        self._finalizer = weakref.finalize(self, _stop, self._workers)
+        self._finalizer = weakref.finalize(self, stop, self._workers)
 
     @property
     def pids(self) -> list[int]:
@@ -256,12 +249,7 @@ class DecodePool:
         return results
 
     def _lost(self, w: _Worker, sample: str | None) -> str:
-        try:  # the pipe ends as the process exits: its status follows at once
-            code = w.process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            code = None
-        how = ("still running" if code is None else
-               f"killed by signal {-code}" if code < 0 else f"exit status {code}")  # fmt: skip
+        how = exit_status(w)
         where = f"while decoding sample {sample}" if sample is not None else "before its task"
         return (
             f"{self.name}: decode worker pid {w.process.pid} died ({how}) {where}; "
@@ -277,39 +265,3 @@ class DecodePool:
 def _span(names: list[str]) -> str:
     """The samples of a task, as errors name them: one, or the first and last."""
     return names[0] if names[0] == names[-1] else f"{names[0]} (to {names[-1]})"
-
-
-def _launch(env: dict) -> _Worker:
-    """One worker process and the parent's ends of its two pipes."""
-    task_r, task_w = os.pipe()
-    result_r, result_w = os.pipe()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(task_r), str(result_w)],
-            env=env, stdin=subprocess.DEVNULL, pass_fds=(task_r, result_w),
-        )  # fmt: skip
-    except BaseException:
-        for fd in (task_r, task_w, result_r, result_w):
-            os.close(fd)
-        raise
-    # The child's ends stay open only in the child: its death then ends the parent's reads.
-    os.close(task_r)
-    os.close(result_w)
-    return _Worker(
-        process, Connection(task_w, readable=False), Connection(result_r, writable=False)
-    )
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """End the workers: their task pipes close (an idle worker exits), then any left is
-    killed (a stopped or busy one), and every process is reaped (no orphans or zombies)."""
-    for w in workers:
-        for conn in (w.tasks, w.results):
-            conn.close()
-    deadline = time.monotonic() + 1.0
-    for w in workers:
-        try:
-            w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            w.process.kill()  # SIGKILL: a SIGTERM would stay pending on a stopped process
-            w.process.wait()

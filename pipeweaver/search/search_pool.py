@@ -8,11 +8,9 @@ pool only evaluates: :meth:`SearchPool.load` gives every worker the scorer once 
 cuts a wave's orders (index tuples) into one task per worker and returns their seconds in
 order. Results depend only on the orders, never on which worker ran them or when.
 
-A worker is a fresh interpreter (``python -c``) that imports this module and whatever
-unpickling the scorer needs (pipeweaver and numpy, about 0.2 s), never the parent's main
-script: ``multiprocessing``'s ``spawn`` and ``forkserver`` contexts would import that again in
-every worker (the trainer's imports torch), and ``fork`` would copy a parent that may hold
-torch's threads. Pure Python pipes (:class:`multiprocessing.connection.Connection`), no
+A worker is a fresh interpreter on two pipes (:mod:`pipeweaver.pipe_workers`, shared with the
+loader's decode pool) that imports this module and whatever unpickling the scorer needs
+(pipeweaver and numpy, about 0.2 s), never the trainer's script or torch; no
 ``torch.distributed``.
 
 A worker holds one task at a time and the pool writes only to idle workers, so neither side
@@ -29,9 +27,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
-import sys
 import time
 import traceback
 import weakref
@@ -39,14 +35,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Sequence
 
+from pipeweaver.pipe_workers import exit_status, launch, stop, worker_ends, worker_env
+
 DEFAULT_TIMEOUT_S = 120.0
 """Bound of one wait on the workers (a start, a load or one wave's orders)."""
 
 Indices = tuple[int, ...]
 """An order as indices into the search space's groups (as :data:`pipeweaver.search.mcts.Indices`)."""
-
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-"""The checkout holding ``pipeweaver``, put on a worker's path."""
 
 _WORKER = "import sys; from pipeweaver.search.search_pool import serve; serve(sys.argv[1:])"
 
@@ -102,10 +97,7 @@ def serve(argv: list[str]) -> None:
     Tasks: ``("load", bytes)`` unpickles the scorer; ``("eval", orders)`` answers the seconds
     of each order.
     """
-    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tasks = Connection(int(argv[0]), writable=False)
-    results = Connection(int(argv[1]), readable=False)
+    tasks, results = worker_ends(argv)
     try:
         results.send(("ready", os.getpid()))
     except OSError:  # the pool was closed before this worker started
@@ -168,19 +160,16 @@ class SearchPool:
         self._started = time.perf_counter()
         self._broken: str | None = None
         self._loaded = False
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, env.get("PYTHONPATH")) if p)
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(var, "1")  # the workers are the parallelism
+        env = worker_env()
         self._workers: list[_Worker] = []
         try:
             for i in range(workers):
-                self._workers.append(_launch(i, env))
+                self._workers.append(_Worker(i, *launch(_WORKER, env)))
         except BaseException:
-            _stop(self._workers)
+            stop(self._workers)
             raise
         # At exit, or when the pool is dropped unclosed, its workers stop all the same.
-        self._finalizer = weakref.finalize(self, _stop, self._workers)
+        self._finalizer = weakref.finalize(self, stop, self._workers)
 
     def __enter__(self) -> "SearchPool":
         return self
@@ -293,49 +282,7 @@ class SearchPool:
             raise SearchPoolError(self._lost(w, what)) from None
 
     def _lost(self, w: _Worker, what: str) -> str:
-        try:  # the pipe ends as the process exits: its status follows at once
-            code = w.process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            code = None
-        how = ("still running" if code is None else
-               f"killed by signal {-code}" if code < 0 else f"exit status {code}")  # fmt: skip
         return (
-            f"error: schedule search worker {w.index} (pid {w.process.pid}) died ({how}) while "
-            f"{what}; workers=1 searches in the main process"
+            f"error: schedule search worker {w.index} (pid {w.process.pid}) died "
+            f"({exit_status(w)}) while {what}; workers=1 searches in the main process"
         )
-
-
-def _launch(index: int, env: dict) -> _Worker:
-    """One worker process and the parent's ends of its two pipes."""
-    task_r, task_w = os.pipe()
-    result_r, result_w = os.pipe()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(task_r), str(result_w)],
-            env=env, stdin=subprocess.DEVNULL, pass_fds=(task_r, result_w),
-        )  # fmt: skip
-    except BaseException:
-        for fd in (task_r, task_w, result_r, result_w):
-            os.close(fd)
-        raise
-    # The child's ends stay open only in the child: its death then ends the parent's reads.
-    os.close(task_r)
-    os.close(result_w)
-    return _Worker(
-        index, process, Connection(task_w, readable=False), Connection(result_r, writable=False)
-    )
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """End the workers: their task pipes close (an idle worker exits), then any left is
-    killed (a busy or stopped one), and every process is reaped."""
-    for w in workers:
-        for conn in (w.tasks, w.results):
-            conn.close()
-    deadline = time.monotonic() + 1.0
-    for w in workers:
-        try:
-            w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            w.process.kill()
-            w.process.wait()
