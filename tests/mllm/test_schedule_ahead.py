@@ -127,11 +127,15 @@ def test_the_next_batch_is_searched_ahead_and_a_late_search_leaves_the_step_to_g
     planner.close()
 
 
-def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(group, monkeypatch):
+@pytest.mark.parametrize("local", [True, False], ids=["local-greedy", "memory-limited"])
+def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(
+    group, monkeypatch, local
+):
     """Driven by a clock on which a searched batch takes 1.2 s and a greedy one 1.0 s (both
     1.0 s of SEMU's greedy time): the probe's blocks alternate, then greedy runs, ordered by
     every stage itself (no broadcast) until the next probe, and the log line says what was
-    measured."""
+    measured. Where the stages could not agree on greedy by themselves (a memory limit's ILP),
+    the planner keeps sending it."""
     from megatron.mllm.steps import schedule_ahead
 
     clock = [0.0]
@@ -149,7 +153,8 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(grou
 
     planner = SearchedSchedules(search, _greedy, group, torch.device("cpu"), True, 60.0,
                                 lambda samples: [semu_microbatch(mb) for mb in samples],
-                                guard=SearchGuard(64), greedy_outcome=greedy_outcome)  # fmt: skip
+                                guard=SearchGuard(64), greedy_outcome=greedy_outcome,
+                                local_greedy=_greedy if local else None)  # fmt: skip
     batches = [_step(s) for s in range(4)]
     sources, broadcasts = [], []
     for i in range(PROBE_START + 64 + 6):
@@ -162,7 +167,8 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(grou
         clock[0] += 1.2 if planner.last.source in ("searched", "in-step") else 1.0
     planner.close()
     decided = PROBE_START + PROBE_LENGTH  # the step whose measurement closed the probe
-    assert broadcasts == [1] * (decided + 1) + [0] * (PROBE_START + 64 - decided - 1) + [1] * 6
+    window = PROBE_START + 64 - decided - 1
+    assert broadcasts == [1] * (decided + 1) + [0 if local else 1] * window + [1] * 6
     # The next probe: its first batch greedy (planned in the window's last step), then on.
     assert sources[PROBE_START + 64 :] == ["guard"] + ["searched"] * BLOCK + ["guard"]
     # Batch i was planned during iteration i - 1, in that iteration's block.

@@ -198,6 +198,9 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
         search, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
         guard=SearchGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
+        # Greedy alone is the same on every stage; under a memory limit the fallback also runs
+        # the ILP, whose time limit could make stages disagree: the planner sends it instead.
+        local_greedy=search.fallback if search.unlimited else None,
     )  # fmt: skip
     if run.pipeline.pipeline_memory_limit_gb is not None:
         schedules.limit_note = (

@@ -94,7 +94,8 @@ class SearchedSchedules:
                  device: torch.device, ahead: bool, timeout_s: float,
                  next_microbatches: Callable[[list], Sequence[MicrobatchMeta]],
                  guard: SearchGuard | None = None,
-                 greedy_outcome: SearchFn | None = None):  # fmt: skip
+                 greedy_outcome: SearchFn | None = None,
+                 local_greedy: Callable[..., Schedule] | None = None):  # fmt: skip
         """Args:
         search: the searcher (:data:`SearchFn`).
         greedy: the greedy schedule function ``(placement, structure, microbatches)``.
@@ -108,12 +109,17 @@ class SearchedSchedules:
             the search runs on every batch).
         greedy_outcome: with a guard, the greedy order with SEMU's time of it, what a batch
             the guard keeps off the search gets (a :data:`SearchFn` that does not search).
+        local_greedy: with a guard, the greedy schedule function every stage may run by itself
+            between the guard's probes (it must give every stage the same schedule: None where
+            it could not, e.g. a memory limit's ILP with a time limit; the planner then keeps
+            sending greedy's schedule).
         """
         if guard is not None and greedy_outcome is None:
             raise ValueError("a search guard needs greedy_outcome")
         self.search = search
         self.guard = guard
         self.greedy_outcome = greedy_outcome
+        self.local_greedy = local_greedy
         self._iteration = 0  # this planner's steps so far: the guard's clock
         self._local_until = 0  # steps before this one order their batches on every stage
         self._step_started: float | None = None
@@ -183,7 +189,7 @@ class SearchedSchedules:
         if self.stage == 0:
             self._measure()
         mbs = [semu_microbatch(m) for m in microbatches]
-        schedule = self.greedy(placement, structure, mbs)
+        schedule = self.local_greedy(placement, structure, mbs)
         gain = self.last.guard_gain if self.last is not None else 0.0
         self.last = ScheduleRecord("guard", 0, 0.0, 0.0, 0.0, guard_gain=gain)
         self._submit_next(placement)  # the window's last step plans the probe's first batch
@@ -222,7 +228,8 @@ class SearchedSchedules:
         if self.guard is not None:
             gain = self.guard.gain
             decided_off = gain is not None and not self.guard.searching
-            if decided_off and not self.guard.probing(self._iteration + 1):
+            local = self.local_greedy is not None and decided_off
+            if local and not self.guard.probing(self._iteration + 1):
                 local_until = self.guard.next_probe
         return encode(outcome.schedule, SOURCES.index(source), outcome, gain, local_until)
 
@@ -357,6 +364,11 @@ class TrainerSearch:
         self.memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
         self.limit_gb = p.pipeline_memory_limit_gb
         self.device_bytes = None if cluster.device.name == "cpu" else cluster.device.hbm_bytes
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether no memory limit applies (no flag, no GPU): greedy then needs no ILP."""
+        return self.limit_gb is None and self.device_bytes is None
 
     def limits(self, placement: Placement) -> list[float | None] | None:
         """Per stage, the activation bytes allowed (None: no limit)."""
