@@ -20,8 +20,9 @@ that the host's drift hits all variants alike:
 
 With ``--memory-limit`` two more variants run under a memory limit of that fraction of
 greedy's peak activation memory (SEMU's, in the run's calibration): ``recompute`` (greedy with
-every chunk recomputed, ``--pipeline-recompute all``) and ``limited`` (the search with the
-limit, the memory ILP choosing what to recompute).
+every chunk recomputed, ``--pipeline-recompute all``), ``limited`` (the search with the
+limit, the memory ILP choosing what to recompute) and ``limited-guarded`` (the same under the
+search guard: after its probe, the ILP alone on greedy's order where the search does not pay).
 
 Per round it prints each variant's median iteration time and its ratio to ``greedy``; then the
 median ratio and spread per variant over the rounds, and SEMU's predicted ratio for the same
@@ -146,6 +147,8 @@ def main() -> None:
         print(f"memory limit: {limit:.5f} GiB per stage ({args.memory_limit:g} of greedy's peak "
               f"activations above the static bytes, SEMU)")  # fmt: skip
         variants["limited"] = [*VARIANTS["searched"], "--pipeline-memory-limit-gb", f"{limit:.6f}"]
+        variants["limited-guarded"] = [*VARIANTS["guarded"], "--pipeline-memory-limit-gb",
+                                       f"{limit:.6f}"]  # fmt: skip
     if "greedy" not in variants:
         sys.exit("error: --variants must include greedy (the reference of the ratios)")
     times: dict[str, list[float]] = {k: [] for k in variants}
