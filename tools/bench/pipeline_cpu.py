@@ -211,6 +211,12 @@ def main() -> None:
             + ", ".join(f"{k} {v}" for k, v in sources.items() if v)
         )
     print(json.dumps({"times_ms": times, "predicted_ms": predicted}), file=sys.stderr)
+    for name in ("limited", "limited-guarded"):
+        if name in times and "recompute" in times:
+            ratios = [r / t for r, t in zip(times["recompute"], times[name])]
+            print(f"{name} over recompute (every chunk), measured per round: "
+                  + ", ".join(f"{x:.3f}" for x in ratios)
+                  + f"; median {statistics.median(ratios):.3f}")  # fmt: skip
     if "guarded" in summary:
         print(f"guarded (the search under its guard) over greedy, measured: "
               f"{summary['guarded']:.3f}")  # fmt: skip
