@@ -1,0 +1,68 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""The search guard in a real PP=2 run (2 gloo ranks): its probe, its decision and the greedy
+window between probes run on both stages without a hang, and the run learns what a greedy run
+learns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from golden_losses import MAIN_JOB
+from launch import check, torchrun
+
+from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
+
+pytestmark = pytest.mark.multiproc
+
+TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
+INTERVAL = 48
+ITERS = PROBE_START + INTERVAL + 2 * BLOCK  # into the second probe
+PP2 = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
+       "--train-iters", str(ITERS), "--lr-decay-iters", str(ITERS)]  # fmt: skip
+RUNS = {
+    "greedy": [*PP2, "--schedule-search-budget-ms", "0"],
+    "guarded": [*PP2, "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000",
+                "--schedule-search-guard-interval", str(INTERVAL)],  # fmt: skip
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("guard")
+    argv = [str(out)]
+    for name, flags in RUNS.items():
+        argv += [name, *MAIN_JOB, *flags, "---"]
+    check(torchrun(2, TRAIN_WORKER, argv, timeout=600))
+    return {
+        name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        for name in RUNS
+    }
+
+
+def test_the_guard_probes_decides_and_learns_what_greedy_learns(records):
+    guarded = records["guarded"]
+    assert len(guarded) == ITERS
+    sources = [r["schedule_search"]["source"] for r in guarded]
+    # A batch was planned during the iteration before it, in that iteration's block; a search
+    # (or greedy's SEMU time) not done when its step starts is 'missed', whatever the block.
+    pattern = SearchGuard(INTERVAL)
+    decided = PROBE_START + PROBE_LENGTH
+    for i in range(1, decided + 1):
+        expected = "searched" if pattern.search(i - 1) else "guard"
+        assert sources[i] in (expected, "missed"), (i, sources[i])
+    after = set(sources[decided + 1 : PROBE_START + INTERVAL])
+    gain = guarded[decided + 1]["schedule_search"]["guard_gain"]
+    assert gain > 0
+    if gain >= 1.01:
+        assert after <= {"searched", "missed"}, after  # kept on: searched ahead every batch
+    else:
+        assert after == {"guard"}, after  # off: each stage orders its own batches
+    # The second probe starts on time: its first batch greedy, then its first block searched.
+    second = PROBE_START + INTERVAL
+    assert sources[second] == "guard" or sources[second] == "missed"
+    assert set(sources[second + 1 : second + BLOCK]) <= {"searched", "missed"}
+    losses = [r["lm_loss"] for r in guarded]
+    reference = [r["lm_loss"] for r in records["greedy"]]
+    assert losses == pytest.approx(reference, rel=1e-5)
