@@ -32,7 +32,7 @@ from megatron.mllm.run_config import (
 from orchestration.calibration import Calibration
 from orchestration.locality import node_wise_layout_problem
 from orchestration.workload import PHASES
-from pipeweaver.search.search_guard import PROBE_LENGTH
+from pipeweaver.search.search_guard import check_interval
 from pipeweaver.search.search_pool import check_workers
 
 logger = logging.getLogger(__name__)
@@ -499,13 +499,8 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         raise ConfigError("--schedule-search-budget-ms must be >= 0 (0: the greedy order)")
     if args.schedule_search_rollouts < 1:
         raise ConfigError("--schedule-search-rollouts must be >= 1")
-    interval = args.schedule_search_guard_interval
-    if interval < 0 or 0 < interval < PROBE_LENGTH:
-        raise ConfigError(
-            f"--schedule-search-guard-interval must be 0 (no guard) or at least one probe of "
-            f"{PROBE_LENGTH} iterations, got {interval}"
-        )
     try:
+        check_interval(args.schedule_search_guard_interval, "--schedule-search-guard-interval")
         check_workers(args.schedule_search_workers, name="--schedule-search-workers")
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from pipeweaver.ir import Compute, Memory, ScheduleError
+from pipeweaver.ir import ScheduleError
 
 GIB = float(1 << 30)
 """Bytes in one GiB (the flag's unit)."""
@@ -89,23 +89,3 @@ def memory_limit_bytes(
             )
         limits.append(total - static)
     return limits
-
-
-class RecomputedBytes:
-    """Bytes an F/B pair would keep from its F to its B were it recomputed: phase 2's
-    activation bytes under a limit that phase 3 must always be able to meet (a class, not a
-    closure: the schedule search's workers unpickle it).
-
-    Args:
-        semu: the :class:`~pipeweaver.semu.simulator.Semu` giving the compute costs.
-        placement: where each chunk lives.
-        microbatches: SEMU's metadata of each microbatch.
-    """
-
-    def __init__(self, semu, placement, microbatches: Sequence):
-        self.semu, self.placement, self.microbatches = semu, placement, tuple(microbatches)
-
-    def __call__(self, a: Compute) -> int:
-        mb = self.microbatches[a.microbatch]
-        cost = self.semu.compute_cost(self.placement, a.with_memory(Memory.RECOMPUTE), mb)
-        return int(cost.kept_bytes)

@@ -48,6 +48,22 @@ PROBE_LENGTH = 2 * PAIRS * BLOCK
 """Iterations of one probe."""
 
 
+def check_interval(interval: int, name: str = "the guard's interval") -> int:
+    """``interval`` if it is 0 (no guard) or at least one probe long.
+
+    Raises:
+        ValueError: naming ``name`` (the trainer passes its flag).
+    """
+    if interval < 0:
+        raise ValueError(f"{name} must be >= 0, got {interval}")
+    if 0 < interval < PROBE_LENGTH:
+        raise ValueError(
+            f"{name} must be 0 (no guard) or at least one probe of {PROBE_LENGTH} iterations, "
+            f"got {interval}"
+        )
+    return interval
+
+
 @dataclass
 class SearchGuard:
     """The planner's probe-and-decide state (see the module docstring).
@@ -69,13 +85,7 @@ class SearchGuard:
     _samples: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
 
     def __post_init__(self) -> None:
-        if self.interval < 0:
-            raise ValueError(f"the guard's interval must be >= 0, got {self.interval}")
-        if 0 < self.interval < PROBE_LENGTH:
-            raise ValueError(
-                f"the guard's interval ({self.interval}) must be 0 or at least one probe of "
-                f"{PROBE_LENGTH} iterations"
-            )
+        check_interval(self.interval)
 
     def _probe_arm(self, iteration: int) -> bool | None:
         """Within a probe, whether ``iteration`` is in a search-on block; None outside."""

@@ -50,7 +50,7 @@ from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, receive_posts, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache, collector_paused
-from pipeweaver.semu.timing import ComputeCost, TimeModel
+from pipeweaver.semu.timing import ComputeCost, KeptBytes, TimeModel
 from pipeweaver.transfers import TransferGraph
 
 
@@ -396,15 +396,12 @@ class Semu:
         return out
 
     def activation_bytes(
-        self, placement: Placement, microbatches: Sequence[MicrobatchMeta]
-    ) -> Callable[[Compute], int]:
+        self, placement: Placement, microbatches: Sequence[MicrobatchMeta], memory=None
+    ) -> KeptBytes:
         """Bytes an F/B pair keeps from its F to its B, for :func:`pipeweaver.checker.check`'s
-        memory cap (with :meth:`static_bytes` as its ``static_bytes``)."""
-
-        def kept(a: Compute) -> int:
-            return int(self.compute_cost(placement, a, microbatches[a.microbatch]).kept_bytes)
-
-        return kept
+        memory cap (with :meth:`static_bytes` as its ``static_bytes``); with ``memory``, as if
+        every compute had that strategy."""
+        return KeptBytes(self, placement, microbatches, memory)
 
     def host_time(self, microbatches: Sequence[MicrobatchMeta], rank: int) -> float:
         """Host seconds before the pipeline starts on a rank (:meth:`TimeModel.host_time`)."""

@@ -54,6 +54,30 @@ class ComputeCost:
     """Extra bytes alive during the compute only."""
 
 
+class KeptBytes:
+    """Bytes an F/B pair keeps from its F to its B, per :meth:`Semu.compute_cost
+    <pipeweaver.semu.simulator.Semu.compute_cost>` (what :meth:`Semu.activation_bytes
+    <pipeweaver.semu.simulator.Semu.activation_bytes>` returns). A class, not a closure: the
+    schedule search's worker processes unpickle it.
+
+    Args:
+        semu: the simulator whose compute costs count.
+        placement: where each chunk lives.
+        microbatches: SEMU's metadata of each microbatch.
+        memory: count every compute as if it had this memory strategy (None: its own).
+    """
+
+    def __init__(self, semu, placement, microbatches: Sequence[MicrobatchMeta], memory=None):
+        self.semu, self.placement, self.memory = semu, placement, memory
+        self.microbatches = tuple(microbatches)
+
+    def __call__(self, a) -> int:
+        if self.memory is not None:
+            a = a.with_memory(self.memory)
+        mb = self.microbatches[a.microbatch]
+        return int(self.semu.compute_cost(self.placement, a, mb).kept_bytes)
+
+
 class CommModel:
     """Collective and point-to-point times on a cluster.
 

@@ -182,6 +182,11 @@ BAD_INPUT = [
     (["--schedule-search-workers", "9999"], 2,
      r"--schedule-search-workers must be between 1 and \d+ \(half of this host's \d+ cores\), "
      r"got 9999"),
+    (["--schedule-search-guard-interval", "10"], 2,
+     r"--schedule-search-guard-interval must be 0 \(no guard\) or at least one probe of 24 "
+     r"iterations, got 10"),
+    (["--schedule-search-guard-interval", "-1"], 2,
+     r"--schedule-search-guard-interval must be >= 0, got -1"),
     ([None, "--lr"], 2, r"--lr is required to train"),  # None: BASE without this flag
 ]  # fmt: skip
 

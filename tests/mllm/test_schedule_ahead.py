@@ -154,7 +154,7 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(
     planner = SearchedSchedules(search, _greedy, group, torch.device("cpu"), True, 60.0,
                                 lambda samples: [semu_microbatch(mb) for mb in samples],
                                 guard=SearchGuard(64), greedy_outcome=greedy_outcome,
-                                local_greedy=_greedy if local else None)  # fmt: skip
+                                local_greedy=local)  # fmt: skip
     batches = [_step(s) for s in range(4)]
     sources, broadcasts = [], []
     for i in range(PROBE_START + 64 + 6):

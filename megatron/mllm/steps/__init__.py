@@ -200,7 +200,7 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
         guard=SearchGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
         # Greedy alone is the same on every stage; under a memory limit the fallback also runs
         # the ILP, whose time limit could make stages disagree: the planner sends it instead.
-        local_greedy=search.fallback if search.unlimited else None,
+        local_greedy=search.unlimited,
     )  # fmt: skip
     if run.pipeline.pipeline_memory_limit_gb is not None:
         schedules.limit_note = (

@@ -95,7 +95,7 @@ class SearchedSchedules:
                  next_microbatches: Callable[[list], Sequence[MicrobatchMeta]],
                  guard: SearchGuard | None = None,
                  greedy_outcome: SearchFn | None = None,
-                 local_greedy: Callable[..., Schedule] | None = None):  # fmt: skip
+                 local_greedy: bool = False):  # fmt: skip
         """Args:
         search: the searcher (:data:`SearchFn`).
         greedy: the greedy schedule function ``(placement, structure, microbatches)``.
@@ -109,10 +109,10 @@ class SearchedSchedules:
             the search runs on every batch).
         greedy_outcome: with a guard, the greedy order with SEMU's time of it, what a batch
             the guard keeps off the search gets (a :data:`SearchFn` that does not search).
-        local_greedy: with a guard, the greedy schedule function every stage may run by itself
-            between the guard's probes (it must give every stage the same schedule: None where
-            it could not, e.g. a memory limit's ILP with a time limit; the planner then keeps
-            sending greedy's schedule).
+        local_greedy: with a guard, whether every stage may run ``greedy`` by itself between
+            the guard's probes (it must then give every stage the same schedule: not where a
+            memory limit's ILP with a time limit runs in it; the planner then keeps sending
+            greedy's schedule).
         """
         if guard is not None and greedy_outcome is None:
             raise ValueError("a search guard needs greedy_outcome")
@@ -189,7 +189,7 @@ class SearchedSchedules:
         if self.stage == 0:
             self._measure()
         mbs = [semu_microbatch(m) for m in microbatches]
-        schedule = self.local_greedy(placement, structure, mbs)
+        schedule = self.greedy(placement, structure, mbs)
         gain = self.last.guard_gain if self.last is not None else 0.0
         self.last = ScheduleRecord("guard", 0, 0.0, 0.0, 0.0, guard_gain=gain)
         self._submit_next(placement)  # the window's last step plans the probe's first batch
@@ -211,15 +211,13 @@ class SearchedSchedules:
         the guard's probe will weigh that iteration; else greedy alone."""
         if searched:
             return self.search
-        if self.guard.probing(iteration):
-            return self.greedy_outcome
+        return self.greedy_outcome if self.guard.probing(iteration) else self._greedy_only
 
-        def greedy(placement, structure, mbs) -> SearchOutcome:
-            start = time.perf_counter()
-            schedule = self.greedy(placement, structure, mbs)
-            return SearchOutcome(schedule, 0, 0.0, 0.0, time.perf_counter() - start)
-
-        return greedy
+    def _greedy_only(self, placement, structure, mbs) -> SearchOutcome:
+        """Greedy's schedule, without SEMU's time of it (no probe weighs it)."""
+        start = time.perf_counter()
+        schedule = self.greedy(placement, structure, mbs)
+        return SearchOutcome(schedule, 0, 0.0, 0.0, time.perf_counter() - start)
 
     def _encode(self, outcome: SearchOutcome, source: str) -> np.ndarray:
         """The schedule's vector; after a probe that turned the search off, it also tells
@@ -228,7 +226,7 @@ class SearchedSchedules:
         if self.guard is not None:
             gain = self.guard.gain
             decided_off = gain is not None and not self.guard.searching
-            local = self.local_greedy is not None and decided_off
+            local = self.local_greedy and decided_off
             if local and not self.guard.probing(self._iteration + 1):
                 local_until = self.guard.next_probe
         return encode(outcome.schedule, SOURCES.index(source), outcome, gain, local_until)
@@ -381,11 +379,9 @@ class TrainerSearch:
 
     def _limited(self, semu, placement, microbatches, limits) -> dict:
         """Phase 2's options under ``limits``: every order fits with every pair recomputed."""
-        from pipeweaver.search.memory_limit import RecomputedBytes
-
         return {
             "memory_limit": limits,
-            "activation_bytes": RecomputedBytes(semu, placement, microbatches),
+            "activation_bytes": semu.activation_bytes(placement, microbatches, Memory.RECOMPUTE),
         }
 
     def _fit(self, semu, schedule: Schedule, placement, microbatches, limits) -> Schedule:
