@@ -32,7 +32,7 @@ from megatron.mllm.run_config import (
 from orchestration.calibration import Calibration
 from orchestration.locality import node_wise_layout_problem
 from orchestration.workload import PHASES
-from pipeweaver.search.search_guard import check_interval
+from orchestration.measured_guard import check_interval
 from pipeweaver.search.search_pool import check_workers
 
 logger = logging.getLogger(__name__)

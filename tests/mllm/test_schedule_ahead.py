@@ -23,7 +23,7 @@ from pipeweaver.fuzz import random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
-from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
+from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 
 @dataclass
@@ -153,7 +153,7 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(
 
     planner = SearchedSchedules(search, _greedy, group, torch.device("cpu"), True, 60.0,
                                 lambda samples: [semu_microbatch(mb) for mb in samples],
-                                guard=SearchGuard(64), greedy_outcome=greedy_outcome,
+                                guard=MeasuredGuard(64), greedy_outcome=greedy_outcome,
                                 local_greedy=local)  # fmt: skip
     batches = [_step(s) for s in range(4)]
     sources, broadcasts = [], []
@@ -173,7 +173,7 @@ def test_the_guard_probes_the_search_and_turns_off_one_that_measures_slower(
     assert sources[PROBE_START + 64 :] == ["guard"] + ["searched"] * BLOCK + ["guard"]
     # Batch i was planned during iteration i - 1, in that iteration's block.
     expected = ["in-step"] + [
-        "searched" if SearchGuard(64).search(i - 1) else "guard" for i in range(1, len(sources))
+        "searched" if MeasuredGuard(64).enabled(i - 1) else "guard" for i in range(1, len(sources))
     ]
     assert sources[: PROBE_START + PROBE_LENGTH + 1] == expected[: PROBE_START + PROBE_LENGTH + 1]
     assert set(sources[PROBE_START + PROBE_LENGTH : PROBE_START + 64]) == {"guard"}

@@ -12,7 +12,7 @@ import pytest
 from golden_losses import MAIN_JOB
 from launch import check, torchrun
 
-from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
+from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 pytestmark = pytest.mark.multiproc
 
@@ -47,10 +47,10 @@ def test_the_guard_probes_decides_and_learns_what_greedy_learns(records):
     sources = [r["schedule_search"]["source"] for r in guarded]
     # A batch was planned during the iteration before it, in that iteration's block; a search
     # (or greedy's SEMU time) not done when its step starts is 'missed', whatever the block.
-    pattern = SearchGuard(INTERVAL)
+    pattern = MeasuredGuard(INTERVAL)
     decided = PROBE_START + PROBE_LENGTH
     for i in range(1, decided + 1):
-        expected = "searched" if pattern.search(i - 1) else "guard"
+        expected = "searched" if pattern.enabled(i - 1) else "guard"
         assert sources[i] in (expected, "missed"), (i, sources[i])
     after = set(sources[decided + 1 : PROBE_START + INTERVAL])
     gain = guarded[decided + 1]["schedule_search"]["guard_gain"]

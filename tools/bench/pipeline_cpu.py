@@ -14,7 +14,7 @@ that the host's drift hits all variants alike:
   ahead) on every batch, forced on with a 200 ms budget (by default it is off on a host without
   a spare core, such as this 2-core one) and its guard off;
 - ``guarded``: the same with the guard as a run has it by default
-  (``pipeweaver.search.search_guard``): a probe of 24 iterations from iteration 9 measures the
+  (``orchestration.measured_guard``): a probe of 24 iterations from iteration 9 measures the
   search against greedy and keeps whichever is faster, so the default ``--warmup`` (32) times
   only what comes after the decision.
 

@@ -46,7 +46,7 @@ from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.search.partition import PartitionPlan
-from pipeweaver.search.search_guard import SearchGuard
+from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.semu.batches import pack_microbatch
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
@@ -197,7 +197,7 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
     schedules = SearchedSchedules(
         search, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
-        guard=SearchGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
+        guard=MeasuredGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
         # Greedy alone is the same on every stage; under a memory limit the fallback also runs
         # the ILP, whose time limit could make stages disagree: the planner sends it instead.
         local_greedy=search.unlimited,

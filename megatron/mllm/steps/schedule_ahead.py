@@ -56,7 +56,7 @@ from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.ir import Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
-from pipeweaver.search.search_guard import SearchGuard
+from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
 SearchFn = Callable[[Placement, MicrobatchStructure, Sequence[MicrobatchMeta]], SearchOutcome]
@@ -93,7 +93,7 @@ class SearchedSchedules:
     def __init__(self, search: SearchFn, greedy: Callable[..., Schedule], pp_group,
                  device: torch.device, ahead: bool, timeout_s: float,
                  next_microbatches: Callable[[list], Sequence[MicrobatchMeta]],
-                 guard: SearchGuard | None = None,
+                 guard: MeasuredGuard | None = None,
                  greedy_outcome: SearchFn | None = None,
                  local_greedy: bool = False):  # fmt: skip
         """Args:
@@ -204,7 +204,7 @@ class SearchedSchedules:
         self._step_started = now
 
     def _searching(self) -> bool:
-        return self.guard is None or self.guard.search(self._iteration)
+        return self.guard is None or self.guard.enabled(self._iteration)
 
     def _planner_for(self, iteration: int, searched: bool) -> SearchFn:
         """What plans batch ``iteration``: the search; else greedy with SEMU's time of it where
@@ -225,7 +225,7 @@ class SearchedSchedules:
         gain, local_until = None, 0
         if self.guard is not None:
             gain = self.guard.gain
-            decided_off = gain is not None and not self.guard.searching
+            decided_off = gain is not None and not self.guard.on
             local = self.local_greedy and decided_off
             if local and not self.guard.probing(self._iteration + 1):
                 local_until = self.guard.next_probe

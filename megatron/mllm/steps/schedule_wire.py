@@ -48,7 +48,7 @@ SOURCES: tuple[str, ...] = ("greedy", "searched", "missed", "in-step", "guard")
 ``greedy`` (no search), ``searched`` (made ahead, in time), ``missed`` (made ahead, not in
 time: greedy ran), ``in-step`` (searched in the step, nothing was made ahead), ``guard``
 (greedy, because the search's measured gain is being probed or did not pay:
-:mod:`pipeweaver.search.search_guard`)."""
+:mod:`orchestration.measured_guard`)."""
 
 HEADER_WORDS = 7
 """Words before the computes: source, rollouts, predicted us, greedy us, search us, the

@@ -1,29 +1,30 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""The search guard: its probe pattern, its measured gain against hand-computed medians, and
-its decision both ways (pipeweaver.search.search_guard)."""
+"""The measured guard (the schedule search's and post-balancing's): its probe pattern, its
+measured gain against hand-computed medians, its decision both ways, and its state across a
+resume (orchestration.measured_guard)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeweaver.search.search_guard import BLOCK, PROBE_LENGTH, PROBE_START, SearchGuard
+from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 
-def _run(guard: SearchGuard, iterations: int, on_s: float, off_s: float, load=lambda i: 1.0):
+def _run(guard: MeasuredGuard, iterations: int, on_s: float, off_s: float, load=lambda i: 1.0):
     """Drive the guard: an iteration whose batch was searched takes ``on_s`` seconds per SEMU
     greedy second, else ``off_s``; ``load(i)`` is SEMU's greedy time of batch ``i``. The batch
     of iteration i was searched when the search ran during iteration i - 1 (one batch ahead).
     Returns, per iteration, whether the search ran during it."""
     ran = []
     for i in range(iterations):
-        ran.append(guard.search(i))
+        ran.append(guard.enabled(i))
         searched = ran[i - 1] if i else True
         guard.record(i, (on_s if searched else off_s) * load(i), load(i))
     return ran
 
 
 def test_the_probe_alternates_blocks_from_its_start_and_nothing_else_changes_before():
-    guard = SearchGuard(256)
+    guard = MeasuredGuard(256)
     assert guard.probing(PROBE_START) and not guard.probing(PROBE_START - 1)
     assert not guard.probing(PROBE_START + PROBE_LENGTH)
     ran = _run(guard, PROBE_START + PROBE_LENGTH, 1.0, 1.0)
@@ -34,18 +35,18 @@ def test_the_probe_alternates_blocks_from_its_start_and_nothing_else_changes_bef
 
 
 def test_a_search_that_measures_slower_is_turned_off_until_the_next_probe():
-    guard = SearchGuard(64)
+    guard = MeasuredGuard(64)
     ran = _run(guard, 100, on_s=1.2, off_s=1.0)
-    assert guard.gain == pytest.approx(1.0 / 1.2) and not guard.searching
+    assert guard.gain == pytest.approx(1.0 / 1.2) and not guard.on
     decided = PROBE_START + PROBE_LENGTH
     assert not any(ran[decided : PROBE_START + 64])  # off until the next probe
     assert ran[PROBE_START + 64] and guard.next_probe == PROBE_START + 128  # probed again
 
 
 def test_a_search_that_measures_faster_stays_on():
-    guard = SearchGuard(256)
+    guard = MeasuredGuard(256)
     ran = _run(guard, 60, on_s=0.8, off_s=1.0)
-    assert guard.gain == pytest.approx(1.25) and guard.searching
+    assert guard.gain == pytest.approx(1.25) and guard.on
     assert all(ran[PROBE_START + PROBE_LENGTH :])
 
 
@@ -53,21 +54,21 @@ def test_the_gain_is_per_greedy_second_so_heavier_batches_do_not_count_against_a
     # The on blocks' batches are twice as heavy (by SEMU's greedy time) and take twice as long:
     # per greedy second the arms are equal, and a tie goes to greedy.
     heavy = lambda i: 2.0 if ((i - PROBE_START) // BLOCK) % 2 == 0 else 1.0  # noqa: E731
-    guard = SearchGuard(256)
+    guard = MeasuredGuard(256)
     _run(guard, PROBE_START + PROBE_LENGTH + 1, 1.0, 1.0, load=heavy)
-    assert guard.gain == pytest.approx(1.0) and not guard.searching
-    guard = SearchGuard(256)
+    assert guard.gain == pytest.approx(1.0) and not guard.on
+    guard = MeasuredGuard(256)
     _run(guard, PROBE_START + PROBE_LENGTH + 1, 0.95, 1.0, load=heavy)
-    assert guard.gain == pytest.approx(1 / 0.95) and guard.searching
+    assert guard.gain == pytest.approx(1 / 0.95) and guard.on
 
 
 def test_every_blocks_first_iteration_is_left_out_and_so_are_unpredicted_batches():
     """A block's first iteration ran the schedule the previous block chose: an outlier there
     changes nothing, nor does a batch without SEMU's greedy time (0: a missed deadline)."""
-    guard = SearchGuard(256)
+    guard = MeasuredGuard(256)
     for i in range(PROBE_START + PROBE_LENGTH):
         offset = i - PROBE_START
-        arm = guard.search(i)
+        arm = guard.enabled(i)
         if offset >= 0 and offset % BLOCK == 0:
             guard.record(i, 100.0, 1.0)  # outlier, left out
         elif offset == 5:
@@ -79,8 +80,25 @@ def test_every_blocks_first_iteration_is_left_out_and_so_are_unpredicted_batches
 
 def test_bad_intervals_are_rejected_and_zero_turns_the_guard_off():
     with pytest.raises(ValueError, match="at least one probe"):
-        SearchGuard(PROBE_LENGTH - 1)
+        MeasuredGuard(PROBE_LENGTH - 1)
     with pytest.raises(ValueError, match=">= 0"):
-        SearchGuard(-1)
-    guard = SearchGuard(0)
+        MeasuredGuard(-1)
+    guard = MeasuredGuard(0)
     assert all(_run(guard, 80, on_s=2.0, off_s=1.0)) and guard.gain is None
+
+
+def test_a_resumed_guard_decides_as_the_uninterrupted_one():
+    """Saved in the middle of a probe and restored into a fresh guard, the probe finishes with
+    the samples taken before the save."""
+    whole = MeasuredGuard(48)
+    _run(whole, PROBE_START + PROBE_LENGTH + 1, on_s=0.9, off_s=1.0)
+    first = MeasuredGuard(48)
+    half = PROBE_START + PROBE_LENGTH // 2
+    for i in range(half):
+        first.record(i, (0.9 if first.enabled(i - 1 if i else 0) else 1.0), 1.0)
+    resumed = MeasuredGuard(48)
+    resumed.load_state_dict(first.state_dict())
+    for i in range(half, PROBE_START + PROBE_LENGTH + 1):
+        resumed.record(i, (0.9 if resumed.enabled(i - 1) else 1.0), 1.0)
+    assert resumed.gain == pytest.approx(whole.gain) and resumed.on == whole.on
+    assert resumed.next_probe == whole.next_probe == PROBE_START + 48
