@@ -11,11 +11,12 @@ the run measures it:
    :data:`BLOCK` iterations, the feature on in the first block of each pair and off (nothing of
    it done, in the step or in the background) in the second. The pattern depends only on the
    iteration, so every run, and every rank, probes the same iterations;
-2. **compare**: each iteration's measured time over a mode-neutral prediction of its batch's
-   work (SEMU's greedy time of the batch; the batch's summed cost), so that a heavier batch
-   does not count against its arm; the median of each arm over its blocks, every block's first
-   iteration left out (it was prepared in the block before, or paid for the switch). The
-   measured gain is ``median(off) / median(on)``;
+2. **compare**: each iteration's measured time, divided by a mode-neutral prediction of its
+   batch's work where the caller has one that follows time (the search: SEMU's greedy time of
+   the batch, so that a heavier batch does not count against its arm; post-balancing: none);
+   the median of each arm over its blocks, every block's first iteration left out (it was
+   prepared in the block before, or paid for the switch). The measured gain is
+   ``median(off) / median(on)``;
 3. **decide**: the feature stays on where the gain is at least ``1 + MARGIN``, else it is off
    until the next probe, ``interval`` iterations after this one started (the feature's
    ``--...-guard-interval`` flag; 0 turns the guard off: the feature is always on).
@@ -107,7 +108,7 @@ class MeasuredGuard:
 
     def record(self, iteration: int, measured_s: float, work: float) -> None:
         """One iteration's measured time and the mode-neutral prediction of its batch's work
-        (any unit); the probe's last iteration decides."""
+        (any unit; 1 where there is none); the probe's last iteration decides."""
         arm = self._probe_arm(iteration)
         if arm is None:
             return

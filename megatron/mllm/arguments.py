@@ -336,6 +336,10 @@ def finish_arguments(args: argparse.Namespace) -> None:
     for flag in ("cost_fit_warmup", "cost_fit_window"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    try:
+        check_interval(args.post_balance_guard_interval, "--post-balance-guard-interval")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.cost_fit_warmup > args.cost_fit_window:
         raise ConfigError(
             f"--cost-fit-warmup {args.cost_fit_warmup} must not exceed --cost-fit-window "

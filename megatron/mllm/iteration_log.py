@@ -63,7 +63,7 @@ class IterationLog:
         balanced = tr.step.balance_stats
         self.stats.add(
             seconds, m["samples"], m["tokens"], m["flops"], m["imbalance"],
-            None if balanced is None else balanced.imbalance_after,
+            None if balanced is None else (balanced.imbalance_after or m["imbalance"]),
             0 if balanced is None else balanced.bytes_moved,
         )  # fmt: skip
         if self.is_logger and (run.logging.metrics_jsonl or tr.writers.active):

@@ -164,6 +164,13 @@ class PostBalanceConfig:
     cost_fit_window: int = 64
     """Recent iterations the cost fit is computed over."""
 
+    post_balance_guard_interval: int = 256
+    """Per-phase balancing (PP = 1): measure the balanced step against Megatron's in the run (a
+    probe of 24 iterations from iteration 9, balancing in alternate blocks of 4) and keep
+    balancing until the next probe, this many iterations after the last one started, only
+    where it measured at least 1% faster; else run Megatron's step, with nothing planned or
+    moved. 0 balances every iteration."""
+
     post_balance_token_caps: list[str] = field(
         default_factory=list, metadata={"argparse_meta": {"metavar": "PHASE=TOKENS"}}
     )

@@ -389,9 +389,11 @@ class Trainer:
         )
         balanced = self.step.balance_stats
         if balanced is not None:
-            # Before and after both come from the plan's cost model, so they compare.
-            m["imbalance"] = dict(balanced.imbalance_before)
-            m["imbalance_balanced"] = balanced.imbalance_after
+            # Before and after both come from the plan's cost model, so they compare; an
+            # iteration the guard left unbalanced keeps the metadata's figures.
+            if balanced.balanced:
+                m["imbalance"] = dict(balanced.imbalance_before)
+            m["imbalance_balanced"] = balanced.imbalance_after or m["imbalance"]
             m["bytes_moved"] = balanced.bytes_moved
             m["moved_fraction"] = balanced.moved_fraction
             m["num_microbatches"] = balanced.num_microbatches
@@ -400,6 +402,9 @@ class Trainer:
             m["plan_digest"] = balanced.plan_digest
             m["unit"] = balanced.unit
             m["decisions"] = balanced.decisions
+            m["balanced"] = balanced.balanced
+            if balanced.guard_gain is not None:
+                m["balance_guard_gain"] = balanced.guard_gain
         searched = self.step.schedule_record()
         if searched is not None:
             m["schedule_search"] = searched

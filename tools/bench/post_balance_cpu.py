@@ -14,6 +14,13 @@ next, ``sum_p max_r c'[r, p]``, with the plan's assignment ``c'``; costs are the
 phase, the slowest rank's compute in both modes (what balancing saved), and explain_step's
 terms (what it cost: planning, exchanges, waits). Both modes' losses must agree.
 
+``auto`` runs as the product does, under the post-balance guard
+(``orchestration.measured_guard``): a probe of 24 iterations from iteration 9 measures the
+balanced step against Megatron's inside the run and keeps balancing only where it measured at
+least 1% faster. The timed iterations follow the probe's decision (iteration 34 on), so the
+figure is what a user's run gets after it; each pair's line says what the guard measured and
+chose. ``-- --post-balance-guard-interval 0`` balances every iteration instead.
+
 Usage: python tools/bench/post_balance_cpu.py [--workload W] [--reps R] [--dp 2] [--iters N]
        [--warmup K] [--calibration FILE] [-- extra trainer flags]
 
@@ -73,6 +80,17 @@ def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
         before += float(np.sum([p.loads_before for p in plan.phases], axis=0).max())
         after += float(sum(p.loads_after.max() for p in plan.phases))
     return before / after, cost.unit
+
+
+def guard_note(timed: list[dict]) -> str:
+    """What the post-balance guard measured and chose for the timed iterations ('' without
+    it)."""
+    gains = {r["balance_guard_gain"] for r in timed if "balance_guard_gain" in r}
+    if not gains:
+        return ""
+    balanced = sum(r.get("balanced", True) for r in timed)
+    gain = ", ".join(f"{g:.3f}" for g in sorted(gains))
+    return f"; guard: balancing measured {gain}x, {balanced}/{len(timed)} timed iterations balanced"
 
 
 def _median_time(records: list[dict]) -> float:
@@ -144,9 +162,10 @@ def main() -> None:
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--reps", type=int, default=3, help="none/auto pairs (at least 3)")
     parser.add_argument("--dp", type=int, default=2, help="data-parallel ranks (gloo processes)")
-    # The fitted costs take over after --cost-fit-warmup (8) iterations: the timed ones follow.
-    parser.add_argument("--iters", type=int, default=28)
-    parser.add_argument("--warmup", type=int, default=12)
+    # The fitted costs take over after --cost-fit-warmup (8) iterations and the guard's probe
+    # decides after iteration 33: the timed ones follow.
+    parser.add_argument("--iters", type=int, default=48)
+    parser.add_argument("--warmup", type=int, default=36)
     parser.add_argument("--calibration", help="calibration JSON for the ideal ratio's costs")
     args = parser.parse_args(own)
     if args.reps < 3:
@@ -166,7 +185,8 @@ def main() -> None:
                         for a, b in zip(runs["none"], runs["auto"]))  # fmt: skip
         pairs.append((t_none / t_auto, runs))
         print(f"pair {rep + 1}: iteration none {t_none * 1e3:.1f} ms, auto {t_auto * 1e3:.1f} ms: "
-              f"ratio {t_none / t_auto:.3f} (largest relative loss difference {deviation:.1e})")  # fmt: skip
+              f"ratio {t_none / t_auto:.3f} (largest relative loss difference {deviation:.1e})"
+              f"{guard_note(runs['auto'][args.warmup :])}")  # fmt: skip
     ratios = [r for r, _ in pairs]
     median = statistics.median(ratios)
     ideal, unit = ideal_ratio(args.workload, args.iters, args.dp, args.calibration, extra)

@@ -86,6 +86,8 @@ def build_step(run, mllm: MLLMConfig, model: PlacedModel, pg_collection, dispatc
     step.timers = timers
     if isinstance(step, SampleBalancedStep):
         step.engine.timers = timers
+    if isinstance(step, PhaseBalancedStep) and step.fallback is not None:
+        step.fallback.timers = timers
     return step
 
 
@@ -98,7 +100,7 @@ def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device,
     cost_model = CostModel.build(mllm.shape(), calibration)
     if run.parallel.pipeline == 1:
         return PhaseBalancedStep(
-            run, mllm, dispatcher, cost_model, pg_collection, device, chat_turns
+            run, mllm, dispatcher, cost_model, pg_collection, device, chat_turns, fallback=engine
         )
     return SampleBalancedStep(
         engine,

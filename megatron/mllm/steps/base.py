@@ -13,6 +13,7 @@ and what it did in its latest call (:attr:`balance_stats`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,6 +30,7 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.measured_guard import MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
 
 BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
@@ -76,6 +78,14 @@ class BalanceStats:
     decisions: str = ""
     """Per phase, balanced or kept by the exchange check, with gain and cost (empty without
     the check)."""
+
+    balanced: bool = True
+    """False: the balance guard ran this iteration as Megatron would, with its assignment and
+    its step (``--post-balance-guard-interval``)."""
+
+    guard_gain: float | None = None
+    """The balance guard's latest measured gain of balancing over Megatron's step (None before
+    its first decision, or without a guard)."""
 
 
 class TrainingStep:
@@ -266,6 +276,14 @@ class BalancedStep(TrainingStep):
         """Where the latest plan was made: ``step`` or ``ahead``."""
         self.feedback: CostFeedback | None = None
         """The online fits of the costs (the per-phase step's, when on), else None."""
+        self.guard: MeasuredGuard | None = None
+        """Holds balancing against Megatron's step on the run's clock (the per-phase step's,
+        with ``--post-balance-guard-interval``), else None: every iteration is balanced."""
+        self.fallback: PackedStep | None = None
+        """With a guard, the step Megatron runs (``--post-balance none``), for the iterations
+        the guard keeps unbalanced."""
+        self._loaded_at: tuple[int, float] | None = None  # the latest load: iteration, clock
+        self._balanced_next: tuple[int, bool] | None = None  # the next iteration's mode
 
     def describe_balance(self, mode: str) -> str:
         """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
@@ -317,9 +335,31 @@ class BalancedStep(TrainingStep):
                 plan = self.ahead.peek(iteration)
             digest = digest_words(plan.digest)
         measured = self.feedback.words() if self.feedback is not None else np.zeros(0, np.int64)
-        if not digest.size and not measured.size:
+        timed = self._timed_words(iteration)
+        if not digest.size and not measured.size and not timed.size:
             return None
-        return np.concatenate([[digest.size], digest, [measured.size], measured]).astype(np.int64)
+        return np.concatenate(
+            [[digest.size], digest, [measured.size], measured, [timed.size], timed]
+        ).astype(np.int64)
+
+    def _timed_words(self, iteration: int) -> np.ndarray:
+        """With a guard, the previous iteration's wall time on this rank, from its load to this
+        one (the step, the optimizer, everything): ``[iteration - 1, nanoseconds]``, riding on
+        this gather so that every rank's guard sees every rank's time."""
+        now = time.perf_counter()
+        previous, self._loaded_at = self._loaded_at, (iteration, now)
+        if self.guard is None or previous is None or previous[0] != iteration - 1:
+            return np.zeros(0, np.int64)
+        return np.array([iteration - 1, round((now - previous[1]) * 1e9)], np.int64)
+
+    def balances(self, iteration: int) -> bool:
+        """Whether ``iteration`` is balanced: always without a guard, else as the guard said
+        when the iteration before it was stepped (its plan was made ahead then, or not)."""
+        if self.guard is None:
+            return True
+        if self._balanced_next is not None and self._balanced_next[0] == iteration:
+            return self._balanced_next[1]
+        return self.guard.enabled(iteration)
 
     def planned(self, batch) -> Any:
         """This iteration's plan, checked across ranks; the next iteration's goes to the
@@ -338,18 +378,35 @@ class BalancedStep(TrainingStep):
                 lambda: self.plan_for(batch.metadata, *self.models(batch.iteration)),
             )
         self.plan_source = "ahead" if ahead else "step"
-        digests, measured = _split_control(batch.control)
+        digests, measured, timed = _split_control(batch.control)
         if digests is not None:
             check_control_digests(digests)
         elif self.balance.check_plan_digest:
             self.dispatcher.check_digest(plan.digest)
+        self._advance(batch, measured, timed, balanced=True)
+        return plan
+
+    def unbalanced(self, batch) -> None:
+        """An iteration the guard runs as Megatron would: nothing planned, nothing moved; the
+        times gathered with its batch still go to the fits and to the guard."""
+        _, measured, timed = _split_control(batch.control)
+        self._advance(batch, measured, timed, balanced=False)
+
+    def _advance(self, batch, measured, timed, balanced: bool) -> None:
+        """Feed the gathered times to the fits and the guard, fix the next iteration's mode,
+        and start its plan in the background where both iterations are balanced (a plan made
+        during an unbalanced iteration would charge it the planning, which the guard weighs:
+        the first iteration of a balanced block plans in its step)."""
         self.dispatcher.reset_counters()
         observe = lambda: None  # noqa: E731
         if measured is not None and self.feedback is not None:
             m = self.feedback.take_pending()
             observe = lambda: self.feedback.observe(m, measured)  # noqa: E731
         following, nxt = batch.next_metadata, batch.iteration + 1
-        if following is not None and self.ahead.enabled:
+        self._record_time(timed)
+        next_balanced = self.balances(nxt)
+        self._balanced_next = (nxt, next_balanced)
+        if following is not None and self.ahead.enabled and balanced and next_balanced:
             # The fits learn in the background too (a refit costs milliseconds): the thread
             # runs one job at a time, so they see the same values in the same order as in
             # the step, and the next plan starts from what they learnt.
@@ -360,20 +417,52 @@ class BalancedStep(TrainingStep):
             self.ahead.submit(nxt, job)
         else:
             observe()
-        return plan
+
+    def _record_time(self, timed: list[np.ndarray] | None) -> None:
+        """The guard's record of the previous iteration: the slowest rank's time (every rank
+        gets the same gathered values, so all decide alike). Not divided by a prediction of the
+        batch's work: on a host whose step is mostly per-call overhead the model's FLOPs follow
+        the time poorly (0.8 to 3.2 GFLOPs for 175 to 340 ms on the CPU main job), and both arms
+        draw their batches from the same stream, whose spread the medians absorb."""
+        if self.guard is None or timed is None:
+            return
+        iterations = {int(t[0]) for t in timed}
+        if len(iterations) != 1:
+            raise ValueError(f"iteration times of iterations {sorted(iterations)} gathered")
+        self.guard.record(iterations.pop(), max(int(t[1]) for t in timed) / 1e9, 1.0)
+
+    def guard_note(self) -> str:
+        """The guard's state for the log line (empty without a guard)."""
+        g = self.guard
+        if g is None:
+            return ""
+        if g.gain is None:
+            return f"post-balance guard: probing from iteration {g.next_probe + 1}"
+        verdict = "on" if g.on else "off"
+        return (
+            f"post-balance guard: balancing measured {g.gain:.3f}x Megatron's step, {verdict} "
+            f"until the probe at iteration {g.next_probe + 1}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs to plan as the uninterrupted run would (this rank's); waits for
         the background job, which may still be feeding the fits."""
-        if self.feedback is None:
-            return {}
-        self.ahead.wait()
-        return {"feedback": self.feedback.state_dict()}
+        state: dict[str, Any] = {}
+        if self.feedback is not None:
+            self.ahead.wait()
+            state["feedback"] = self.feedback.state_dict()
+        if self.guard is not None:
+            state["guard"] = self.guard.state_dict()
+            state["balanced_next"] = self._balanced_next
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (a state without a fit leaves the fit as it is)."""
+        """Restore :meth:`state_dict` (a state without a fit or a guard leaves it as it is)."""
         if self.feedback is not None and "feedback" in state:
             self.feedback.load_state_dict(state["feedback"])
+        if self.guard is not None and "guard" in state:
+            self.guard.load_state_dict(state["guard"])
+            self._balanced_next = state["balanced_next"]
 
     def close(self) -> None:
         self.ahead.close()
@@ -392,14 +481,16 @@ class BalancedStep(TrainingStep):
 
 
 def _split_control(control: list[np.ndarray] | None):
-    """Every rank's control words -> (digest words per rank or None, measured words per rank
-    or None); the layout is :meth:`BalancedStep.control_words`'s."""
+    """Every rank's control words -> per section (the digest words, the measured phase times,
+    the iteration time), its words per rank, or None where rank 0's is empty; the layout is
+    :meth:`BalancedStep.control_words`'s: each section its length, then its words."""
+    sections: list[list[np.ndarray]] = [[], [], []]
     if control is None:
-        return None, None
-    digests, measured = [], []
+        return None, None, None
     for words in control:
-        n = int(words[0])
-        digests.append(words[1 : 1 + n])
-        m = int(words[1 + n])
-        measured.append(words[2 + n : 2 + n + m])
-    return (digests if digests[0].size else None), (measured if measured[0].size else None)
+        at = 0
+        for section in sections:
+            n = int(words[at])
+            section.append(words[at + 1 : at + 1 + n])
+            at += 1 + n
+    return tuple(s if s[0].size else None for s in sections)

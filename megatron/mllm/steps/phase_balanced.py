@@ -45,12 +45,13 @@ from megatron.mllm.batch import (
     thd_params,
 )
 from megatron.mllm.config import MLLMConfig
-from megatron.mllm.steps.base import BalancedStep, BalanceStats, take
+from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
 from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
+from orchestration.measured_guard import MeasuredGuard
 from orchestration.phase_plan import IterationPlan, plan_iteration
 from orchestration.robust_fit import FitConfig
 
@@ -84,11 +85,14 @@ class PhaseBalancedStep(BalancedStep):
     """Per-phase post-balancing with PP = 1 (see the module docstring)."""
 
     def __init__(self, run, mllm: MLLMConfig, dispatcher: Dispatcher, cost_model: CostModel,
-                 pg_collection, device: torch.device,
-                 chat_turns: ChatTurns | None = None):  # fmt: skip
+                 pg_collection, device: torch.device, chat_turns: ChatTurns | None = None,
+                 fallback: PackedStep | None = None):  # fmt: skip
         """Args: those of :class:`BalancedStep`, ``pg_collection``, megatron-core's process
-        groups (for ``finalize_model_grads``), and ``chat_turns``, the turn tokens the LLM
-        microbatches mask the loss by (``--prompt-format chat``; None: no masking)."""
+        groups (for ``finalize_model_grads``), ``chat_turns``, the turn tokens the LLM
+        microbatches mask the loss by (``--prompt-format chat``; None: no masking), and
+        ``fallback``, Megatron's own step (``--post-balance none``): with it and
+        ``--post-balance-guard-interval`` > 0, the guard measures balancing against it in the
+        run and runs it where balancing does not pay."""
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
         self.chat_turns = chat_turns
@@ -108,6 +112,11 @@ class PhaseBalancedStep(BalancedStep):
                 ),
                 FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
             )
+        # The guard's measurements must reach every rank alike: they ride on the same gather.
+        if (fallback is not None and b.post_balance_guard_interval
+                and dispatcher.world == dist.get_world_size()):  # fmt: skip
+            self.guard = MeasuredGuard(b.post_balance_guard_interval)
+            self.fallback = fallback
 
     def describe(self) -> str:
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
@@ -116,6 +125,9 @@ class PhaseBalancedStep(BalancedStep):
                      "iterations")  # fmt: skip
         if self.ahead.enabled:
             text += ", planned ahead"
+        if self.guard is not None:
+            text += (f", its measured gain over Megatron's step probed every "
+                     f"{self.guard.interval} iterations from the {self.guard.next_probe + 1}th")  # fmt: skip
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
     def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> IterationPlan:
@@ -132,16 +144,33 @@ class PhaseBalancedStep(BalancedStep):
 
     def log_note(self) -> str | None:
         """The fitted coefficients and the latest plan's decisions, for the log line."""
-        if self.feedback is None:
-            return None
-        decisions = self.balance_stats.decisions if self.balance_stats else ""
-        text = self.feedback.describe()
-        return f"{text} | decisions: {decisions}" if decisions else text
+        parts = []
+        if self.feedback is not None:
+            parts.append(self.feedback.describe())
+            decisions = self.balance_stats.decisions if self.balance_stats else ""
+            if decisions:
+                parts.append(f"decisions: {decisions}")
+        if self.guard is not None:
+            parts.append(self.guard_note())
+        return " | ".join(parts) or None
 
-    def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
-                 forward_only: bool = False, collect_non_loss_data: bool = False,
-                 **unused) -> list:  # fmt: skip
+    def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)
+        batch = loaded[0].batch
+        if not self.balances(batch.iteration):
+            self.unbalanced(batch)
+            gain = self.guard.gain
+            self.balance_stats = BalanceStats(plan_source="guard", balanced=False, guard_gain=gain)
+            losses = self.fallback(data_iterator=iter(loaded), num_microbatches=num_microbatches,
+                                   **kwargs)  # fmt: skip
+            self.last_samples = self.fallback.last_samples
+            return losses
+        self.last_samples = []
+        return self._balanced(loaded, num_microbatches, **kwargs)
+
+    def _balanced(self, loaded, num_microbatches: int, *, forward_step_func, model,
+                  forward_only: bool = False, collect_non_loss_data: bool = False,
+                  **unused) -> list:  # fmt: skip
         batch = loaded[0].batch
         local = [s for mb in loaded for s in mb.samples]
         disp = self.dispatcher
@@ -152,6 +181,7 @@ class PhaseBalancedStep(BalancedStep):
             plan_background_s=self.ahead.background_s,
             decisions=plan.describe_decisions(),
             plan_digest=plan.digest,
+            guard_gain=self.guard.gain if self.guard is not None else None,
         )
         self.phase_s = dict.fromkeys(self.cost_model.phase_order, 0.0)
         for p in plan.phases:
