@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,20 @@ def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
             f"--- stderr\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
+
+
+def train_runs(out: Path, runs: dict[str, list[str]], nproc: int = 2,
+               timeout: float = 600) -> dict[str, list[dict]]:  # fmt: skip
+    """Train every named run (its full trainer flags) in turn in one ``train_worker.py``
+    launch of ``nproc`` gloo ranks; per run, its ``--metrics-jsonl`` records."""
+    argv = [str(out)]
+    for name, flags in runs.items():
+        argv += [name, *flags, "---"]
+    check(torchrun(nproc, TRAIN_WORKER, argv, timeout=timeout))
+    return {
+        name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        for name in runs
+    }

@@ -6,18 +6,14 @@ balanced or run as Megatron would exactly as the guard's pattern says, and the r
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from golden_losses import MAIN_JOB
-from launch import check, torchrun
+from launch import train_runs
 
 from orchestration.measured_guard import BLOCK, MARGIN, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 pytestmark = pytest.mark.multiproc
 
-TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
 INTERVAL = PROBE_LENGTH + 2 * BLOCK
 ITERS = PROBE_START + INTERVAL + BLOCK  # into the second probe's first block
 LONG = ["--train-iters", str(ITERS), "--lr-decay-iters", str(ITERS)]
@@ -30,14 +26,7 @@ RUNS = {
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("balance-guard")
-    argv = [str(out)]
-    for name, flags in RUNS.items():
-        argv += [name, *MAIN_JOB, *flags, "---"]
-    check(torchrun(2, TRAIN_WORKER, argv, timeout=600))
-    return {
-        name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
-        for name in RUNS
-    }
+    return train_runs(out, {name: [*MAIN_JOB, *flags] for name, flags in RUNS.items()})
 
 
 def test_the_guard_probes_decides_and_learns_what_megatron_learns(records):

@@ -5,18 +5,14 @@ learns."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from golden_losses import MAIN_JOB
-from launch import check, torchrun
+from launch import train_runs
 
 from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 pytestmark = pytest.mark.multiproc
 
-TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
 INTERVAL = 48
 ITERS = PROBE_START + INTERVAL + 2 * BLOCK  # into the second probe
 PP2 = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
@@ -31,14 +27,7 @@ RUNS = {
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("guard")
-    argv = [str(out)]
-    for name, flags in RUNS.items():
-        argv += [name, *MAIN_JOB, *flags, "---"]
-    check(torchrun(2, TRAIN_WORKER, argv, timeout=600))
-    return {
-        name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
-        for name in RUNS
-    }
+    return train_runs(out, {name: [*MAIN_JOB, *flags] for name, flags in RUNS.items()})
 
 
 def test_the_guard_probes_decides_and_learns_what_greedy_learns(records):

@@ -126,8 +126,9 @@ class PhaseBalancedStep(BalancedStep):
         if self.ahead.enabled:
             text += ", planned ahead"
         if self.guard is not None:
-            text += (f", its measured gain over Megatron's step probed every "
-                     f"{self.guard.interval} iterations from the {self.guard.next_probe + 1}th")  # fmt: skip
+            g = self.guard
+            text += (f", its measured gain over Megatron's step probed every {g.interval} "
+                     f"iterations from the {g.next_probe + 1}th")  # fmt: skip
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
     def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> IterationPlan:
