@@ -143,3 +143,50 @@ class MeasuredGuard:
         self.on = bool(state["on"])
         self._probe_start = int(state["_probe_start"])
         self._samples = {k == "True": list(v) for k, v in state["_samples"].items()}
+
+
+@dataclass
+class AlternatingArms:
+    """A crossover A/B for benchmarks, in place of the guard: the feature on and off in
+    alternate blocks for the whole run, nothing decided.
+
+    Two runs whose patterns are opposite (``first_on`` True in one, False in the other) run
+    every batch once in each arm, so the product of their within-run ratios cancels both what
+    the batches weigh and how the host drifts between the runs (each ratio compares iterations
+    seconds apart). ``tools/bench/post_balance_cpu.py`` runs its pairs this way.
+
+    Args:
+        block: iterations per block.
+        first_on: whether the first block (iterations ``0 .. block - 1``) runs the feature.
+    """
+
+    block: int
+    """Iterations per block."""
+
+    first_on: bool = True
+    """Whether the block holding iteration 0 runs the feature."""
+
+    gain: float | None = None
+    """Always None: an alternation measures nothing itself (the benchmark reads the times)."""
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            raise ValueError(f"an alternation's block must be >= 1 iteration, got {self.block}")
+
+    def enabled(self, iteration: int) -> bool:
+        """Whether the feature runs for ``iteration``."""
+        return ((iteration // self.block) % 2 == 0) == self.first_on
+
+    def probing(self, iteration: int) -> bool:
+        """Every iteration is part of the comparison."""
+        return True
+
+    def record(self, iteration: int, measured_s: float, work: float) -> None:
+        """Nothing to decide."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pattern depends on the iteration alone: nothing to carry across a resume."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore."""

@@ -340,6 +340,25 @@ def finish_arguments(args: argparse.Namespace) -> None:
         check_interval(args.post_balance_guard_interval, "--post-balance-guard-interval")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if args.post_balance_alternate < 0:
+        raise ConfigError(
+            f"--post-balance-alternate must be >= 0 (0: off), got {args.post_balance_alternate}"
+        )
+    if args.post_balance_alternate and (
+        args.post_balance == "none"
+        or args.pipeline_model_parallel_size != 1
+        or args.tensor_model_parallel_size != 1
+    ):
+        # It alternates the per-phase step with Megatron's, whose times must reach every rank
+        # on the DP group's metadata gather: PP = 1 and the DP group the world.
+        raise ConfigError(
+            f"--post-balance-alternate {args.post_balance_alternate} alternates per-phase "
+            "balancing with Megatron's step: it needs --post-balance lpt, kk or auto, "
+            "--pipeline-model-parallel-size 1 and --tensor-model-parallel-size 1 (got "
+            f"--post-balance {args.post_balance}, --pipeline-model-parallel-size "
+            f"{args.pipeline_model_parallel_size}, --tensor-model-parallel-size "
+            f"{args.tensor_model_parallel_size})"
+        )
     if args.cost_fit_warmup > args.cost_fit_window:
         raise ConfigError(
             f"--cost-fit-warmup {args.cost_fit_warmup} must not exceed --cost-fit-window "

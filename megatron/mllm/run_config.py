@@ -171,6 +171,15 @@ class PostBalanceConfig:
     where it measured at least 1% faster; else run Megatron's step, with nothing planned or
     moved. 0 balances every iteration."""
 
+    post_balance_alternate: int = 0
+    """Per-phase balancing (PP = 1), for side-by-side measurement: alternate blocks of this
+    many iterations between the balanced step and Megatron's for the whole run, in place of the
+    guard (tools/bench/post_balance_cpu.py runs two runs of opposite phase, so that every batch
+    runs once each way). 0: off."""
+
+    post_balance_alternate_first: Literal["balanced", "megatron"] = "balanced"
+    """With --post-balance-alternate, which step runs the first block."""
+
     post_balance_token_caps: list[str] = field(
         default_factory=list, metadata={"argparse_meta": {"metavar": "PHASE=TOKENS"}}
     )

@@ -30,7 +30,7 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.measured_guard import MeasuredGuard
+from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
 
 BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
@@ -276,7 +276,7 @@ class BalancedStep(TrainingStep):
         """Where the latest plan was made: ``step`` or ``ahead``."""
         self.feedback: CostFeedback | None = None
         """The online fits of the costs (the per-phase step's, when on), else None."""
-        self.guard: MeasuredGuard | None = None
+        self.guard: MeasuredGuard | AlternatingArms | None = None
         """Holds balancing against Megatron's step on the run's clock (the per-phase step's,
         with ``--post-balance-guard-interval``), else None: every iteration is balanced."""
         self.fallback: PackedStep | None = None
@@ -436,6 +436,8 @@ class BalancedStep(TrainingStep):
         g = self.guard
         if g is None:
             return ""
+        if isinstance(g, AlternatingArms):
+            return f"post-balance alternating in blocks of {g.block} (--post-balance-alternate)"
         if g.gain is None:
             return f"post-balance guard: probing from iteration {g.next_probe + 1}"
         verdict = "on" if g.on else "off"

@@ -51,7 +51,7 @@ from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
-from orchestration.measured_guard import MeasuredGuard
+from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.phase_plan import IterationPlan, plan_iteration
 from orchestration.robust_fit import FitConfig
 
@@ -113,10 +113,14 @@ class PhaseBalancedStep(BalancedStep):
                 FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
             )
         # The guard's measurements must reach every rank alike: they ride on the same gather.
-        if (fallback is not None and b.post_balance_guard_interval
-                and dispatcher.world == dist.get_world_size()):  # fmt: skip
-            self.guard = MeasuredGuard(b.post_balance_guard_interval)
-            self.fallback = fallback
+        if fallback is not None and dispatcher.world == dist.get_world_size():
+            if b.post_balance_alternate:
+                first = b.post_balance_alternate_first == "balanced"
+                self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
+                self.fallback = fallback
+            elif b.post_balance_guard_interval:
+                self.guard = MeasuredGuard(b.post_balance_guard_interval)
+                self.fallback = fallback
 
     def describe(self) -> str:
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
@@ -125,7 +129,12 @@ class PhaseBalancedStep(BalancedStep):
                      "iterations")  # fmt: skip
         if self.ahead.enabled:
             text += ", planned ahead"
-        if self.guard is not None:
+        if isinstance(self.guard, AlternatingArms):
+            g = self.guard
+            first = "balanced" if g.first_on else "Megatron's step"
+            text += (f", alternating with Megatron's step in blocks of {g.block} iterations "
+                     f"({first} first; --post-balance-alternate)")  # fmt: skip
+        elif self.guard is not None:
             g = self.guard
             text += (f", its measured gain over Megatron's step probed every {g.interval} "
                      f"iterations from the {g.next_probe + 1}th")  # fmt: skip
