@@ -49,6 +49,7 @@ from orchestration.balance import (
     WorkBudget,
     balance,
     balance_padded,
+    hold_at_least,
     max_over_mean,
 )
 from orchestration.cost_model import CostModel, PhaseCostModel
@@ -221,6 +222,7 @@ def plan_iteration(
     budget: WorkBudget = DEFAULT_BUDGET,
     slack: float = TIE_SLACK,
     exchange: ExchangeCost | None = None,
+    min_llm_samples: int = 0,
 ) -> IterationPlan:
     """Plan every phase of one iteration in per-phase mode (PP = 1).
 
@@ -240,6 +242,11 @@ def plan_iteration(
         exchange: the gain-versus-exchange check (:func:`check_exchanges`): a phase keeps
             the ordinary assignment when moving its data costs more than balancing gains.
             Needs a cost model in seconds. None: every phase runs the balancer's assignment.
+        min_llm_samples: the LLM phase leaves every rank at least this many samples (the
+            step's microbatch count, so that every rank runs as many microbatches as
+            Megatron's step: :mod:`orchestration.balance.cardinality`), or at least as many as
+            the loader gave the rank that got fewest; where it cannot, the phase keeps the
+            ordinary assignment. 0: no floor.
 
     Raises:
         InfeasibleCapError: a cap cannot be met (names the sample; its ``phase`` is set).
@@ -280,6 +287,7 @@ def plan_iteration(
                 (bytes_per_token or {}).get(phase, 1.0),
                 budget,
                 slack,
+                min_llm_samples if phase == "llm" else 0,
             )
         except InfeasibleCapError as e:
             e.phase = phase
@@ -434,6 +442,7 @@ def _plan_phase(
     bytes_per_token: float,
     budget: WorkBudget,
     slack: float,
+    min_items: int = 0,
 ) -> PhasePlan:
     R = md.num_ranks
     costs = model.item_costs(items.tokens, items.out_tokens)
@@ -464,6 +473,16 @@ def _plan_phase(
         after = result.loads
         alg = result.algorithm
         lb = result.lower_bound
+        if min_items and alg != "ordinary" and items.size:
+            floor = min(min_items, int(np.bincount(owner, minlength=R).min()))
+            sizes = items.tokens if cap is not None else None
+            held = hold_at_least(dst, costs, R, floor, sizes, cap)
+            if held is None or not np.array_equal(held, dst):
+                dst = owner if held is None else held
+                after = np.bincount(dst, weights=costs, minlength=R)
+                if after.max() >= before.max():  # the floor took the gain: keep the loader's
+                    dst, after = owner, before
+                alg = result.algorithm if dst is not owner else "ordinary"
     if model.per_call:
         # Paid once by every rank holding anything: it never changes which items go together.
         before = before + model.per_call * (np.bincount(owner, minlength=R) > 0)

@@ -11,7 +11,8 @@ call :func:`balance` once per phase; tools compare the individual algorithms thr
 
 Modules: ``problem`` (the quantised problem, budgets, errors, results), ``greedy`` (LPT),
 ``differencing`` (Karmarkar–Karp), ``local_search`` (refine, repair), ``exact`` (branch and
-bound), ``padded`` (padded cost) and ``auto`` (:func:`balance`, which runs and chooses among
+bound), ``padded`` (padded cost), ``cardinality`` (:func:`hold_at_least`, a floor on the items
+per bin) and ``auto`` (:func:`balance`, which runs and chooses among
 the others).
 
 Problems
@@ -95,6 +96,7 @@ result reports both, and the ordinary one is kept when nothing beats it (zero mo
 """
 
 from orchestration.balance.auto import ALGORITHMS, balance
+from orchestration.balance.cardinality import hold_at_least
 from orchestration.balance.greedy import vector_lpt
 from orchestration.balance.padded import PaddedResult, balance_padded
 from orchestration.balance.problem import (
@@ -117,6 +119,7 @@ __all__ = [
     "WorkBudget",
     "balance",
     "balance_padded",
+    "hold_at_least",
     "max_over_mean",
     "quantize",
     "vector_lpt",

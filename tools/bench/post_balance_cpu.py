@@ -13,7 +13,7 @@ its balanced ones; a pair's is the geometric mean of its two runs' (the batches'
 cancel: each run's arms hold the other run's batches); the median of the pairs is the figure.
 Every block's first and last iteration are left out (the first pays for the switch, the last
 balanced one plans nothing ahead), and so are the first ``--warmup`` iterations (the fitted
-costs take over after 8).
+costs take over after 8 balanced ones).
 
 Beside the measured ratio, two ideals:
 
@@ -93,7 +93,8 @@ def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
     before = after = 0.0
     for it in range(iters):
         md = GatheredMetadata.from_rank_samples(megatron_rank_samples(gen, it, dp, mbs, num_mb))
-        plan = plan_iteration(md, cost, algorithm="auto", gpus_per_node=dp)
+        plan = plan_iteration(md, cost, algorithm="auto", gpus_per_node=dp,
+                              min_llm_samples=num_mb)  # fmt: skip
         before += float(np.sum([p.loads_before for p in plan.phases], axis=0).max())
         after += float(sum(p.loads_after.max() for p in plan.phases))
     return before / after, cost.unit
@@ -199,9 +200,10 @@ def main() -> None:
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--reps", type=int, default=3, help="crossover pairs (at least 3)")
     parser.add_argument("--dp", type=int, default=2, help="data-parallel ranks (gloo processes)")
-    parser.add_argument("--iters", type=int, default=70, help="iterations per run")
-    # The fitted costs take over after --cost-fit-warmup (8) iterations.
-    parser.add_argument("--warmup", type=int, default=10, help="iterations left out first")
+    parser.add_argument("--iters", type=int, default=85, help="iterations per run")
+    # The fitted costs take over after --cost-fit-warmup (8) balanced iterations, iteration
+    # 18 to 22 when every other block of 5 is balanced.
+    parser.add_argument("--warmup", type=int, default=25, help="iterations left out first")
     parser.add_argument("--block", type=int, default=5, help="iterations per alternating block")
     parser.add_argument("--calibration", help="calibration JSON for the metadata ideal's costs")
     args = parser.parse_args(own)

@@ -99,6 +99,9 @@ class PhaseBalancedStep(BalancedStep):
         self.clock = PhaseClock(device)
         self.phase_s: dict[str, float] = {}
         """This rank's compute seconds per phase in the latest call."""
+        self.num_microbatches = 0
+        """The step's microbatch count (of the latest call): the LLM phase leaves every rank at
+        least as many samples, so that all run as many microbatches (0 before the first)."""
         b = run.balance
         # The fits need every rank's times on every rank: they ride on the DP group's metadata
         # gather, which reaches every rank only when that group is the world (TP = 1).
@@ -150,6 +153,7 @@ class PhaseBalancedStep(BalancedStep):
         return self.plan_within_caps(
             plan_iteration, metadata, cost_model, phases=b.balance_phases,
             gpus_per_node=self.dispatcher.gpus_per_node, exchange=exchange, budget=budget,
+            min_llm_samples=self.num_microbatches,
         )  # fmt: skip
 
     def log_note(self) -> str | None:
@@ -167,6 +171,7 @@ class PhaseBalancedStep(BalancedStep):
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)
         batch = loaded[0].batch
+        self.num_microbatches = num_microbatches
         if not self.balances(batch.iteration):
             self.unbalanced(batch)
             gain = self.guard.gain
