@@ -187,6 +187,13 @@ BAD_INPUT = [
      r"iterations, got 10"),
     (["--schedule-search-guard-interval", "-1"], 2,
      r"--schedule-search-guard-interval must be >= 0, got -1"),
+    (["--post-balance-alternate", "-1"], 2,
+     r"--post-balance-alternate must be >= 0 \(0: off\), got -1"),
+    (["--post-balance-alternate", "5"], 2,
+     r"--post-balance-alternate 5 alternates per-phase balancing with Megatron's step: it needs "
+     r"--post-balance lpt, kk or auto, .*\(got --post-balance none, "),
+    (["--post-balance", "auto", "--post-balance-alternate", "5", "--tensor-model-parallel-size",
+      "2"], 2, r"--post-balance-alternate 5 .* --tensor-model-parallel-size 2\)"),
     ([None, "--lr"], 2, r"--lr is required to train"),  # None: BASE without this flag
 ]  # fmt: skip
 

@@ -2,7 +2,8 @@
 """The post-balance guard in a real DP=2 run of the main job (2 gloo ranks): its probe, its
 decision and the window until the next probe run on both ranks without a hang, each iteration
 balanced or run as Megatron would exactly as the guard's pattern says, and the run learns what
-``--post-balance none`` learns."""
+``--post-balance none`` learns; so does the benchmark's alternation
+(``--post-balance-alternate``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 from golden_losses import MAIN_JOB
 from launch import train_runs
 
-from orchestration.measured_guard import BLOCK, MARGIN, PROBE_LENGTH, PROBE_START, MeasuredGuard
+from orchestration.measured_guard import (
+    BLOCK,
+    MARGIN,
+    PROBE_LENGTH,
+    PROBE_START,
+    AlternatingArms,
+    MeasuredGuard,
+)
 
 pytestmark = pytest.mark.multiproc
 
@@ -20,7 +28,10 @@ LONG = ["--train-iters", str(ITERS), "--lr-decay-iters", str(ITERS)]
 RUNS = {
     "none": [*LONG],
     "guarded": [*LONG, "--post-balance", "auto", "--post-balance-guard-interval", str(INTERVAL)],
-}
+    # The benchmark's crossover: the first 12 iterations of the same schedule, in blocks of 3.
+    "alternating": [*LONG, "--train-iters", "12", "--post-balance", "auto",
+                    "--post-balance-alternate", "3", "--post-balance-alternate-first", "megatron"],
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +66,15 @@ def test_the_guard_probes_decides_and_learns_what_megatron_learns(records):
     losses = [r["lm_loss"] for r in guarded]
     assert losses == pytest.approx([r["lm_loss"] for r in records["none"]], rel=1e-5)
     assert [r["samples"] for r in guarded] == [r["samples"] for r in records["none"]]
+
+
+def test_the_alternation_runs_its_blocks_for_the_whole_run_and_learns_the_same(records):
+    alternating = records["alternating"]
+    pattern = AlternatingArms(3, first_on=False)
+    assert [r["balanced"] for r in alternating] == [pattern.enabled(i) for i in range(12)]
+    sources = [r["plan_source"] for r in alternating]
+    assert sources == ["guard"] * 3 + ["step", "ahead", "ahead"] + ["guard"] * 3 + [
+        "step", "ahead", "ahead"
+    ]
+    losses = [r["lm_loss"] for r in alternating]
+    assert losses == pytest.approx([r["lm_loss"] for r in records["none"][:12]], rel=1e-5)
