@@ -21,6 +21,7 @@ import sys
 import traceback
 from typing import Sequence
 
+from megatron.mllm.post_balance_arguments import check_post_balance
 from megatron.mllm.run_config import (
     AUTO,
     ENCODER_NAMES,
@@ -31,8 +32,8 @@ from megatron.mllm.run_config import (
 )
 from orchestration.calibration import Calibration
 from orchestration.locality import node_wise_layout_problem
-from orchestration.workload import PHASES
 from orchestration.measured_guard import check_interval
+from orchestration.workload import PHASES
 from pipeweaver.search.search_pool import check_workers
 
 logger = logging.getLogger(__name__)
@@ -314,7 +315,6 @@ def finish_arguments(args: argparse.Namespace) -> None:
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
-    _check_caps(args)
     _check_pipeline(args)
     if args.gpus_per_node is None:
         args.gpus_per_node = _default_gpus_per_node()
@@ -333,37 +333,10 @@ def finish_arguments(args: argparse.Namespace) -> None:
             Calibration.load(args.cost_calibration)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--cost-calibration {args.cost_calibration}: {e}") from None
-    for flag in ("cost_fit_warmup", "cost_fit_window"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     try:
-        check_interval(args.post_balance_guard_interval, "--post-balance-guard-interval")
+        check_post_balance(args)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if args.post_balance_alternate < 0:
-        raise ConfigError(
-            f"--post-balance-alternate must be >= 0 (0: off), got {args.post_balance_alternate}"
-        )
-    if args.post_balance_alternate and (
-        args.post_balance == "none"
-        or args.pipeline_model_parallel_size != 1
-        or args.tensor_model_parallel_size != 1
-    ):
-        # It alternates the per-phase step with Megatron's, whose times must reach every rank
-        # on the DP group's metadata gather: PP = 1 and the DP group the world.
-        raise ConfigError(
-            f"--post-balance-alternate {args.post_balance_alternate} alternates per-phase "
-            "balancing with Megatron's step: it needs --post-balance lpt, kk or auto, "
-            "--pipeline-model-parallel-size 1 and --tensor-model-parallel-size 1 (got "
-            f"--post-balance {args.post_balance}, --pipeline-model-parallel-size "
-            f"{args.pipeline_model_parallel_size}, --tensor-model-parallel-size "
-            f"{args.tensor_model_parallel_size})"
-        )
-    if args.cost_fit_warmup > args.cost_fit_window:
-        raise ConfigError(
-            f"--cost-fit-warmup {args.cost_fit_warmup} must not exceed --cost-fit-window "
-            f"{args.cost_fit_window} (the fit starts once its window holds the warm-up's samples)"
-        )
     if args.post_balance != "none" and args.node_wise_a2a:
         problem = node_wise_layout_problem(
             args.world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
@@ -588,25 +561,6 @@ def _check_pipeline(args: argparse.Namespace) -> None:
                 f"--pipeline-model-parallel-size {pp} x {flag} chunks, "
                 f"but it has only {layers} layers"
             )
-
-
-def _check_caps(args: argparse.Namespace) -> None:
-    seen = set()
-    for item in args.post_balance_token_caps:
-        phase, _, value = item.partition("=")
-        if phase not in PHASES or not value.isdigit() or int(value) < 1:
-            raise ConfigError(
-                f"--post-balance-token-caps: expected PHASE=TOKENS with PHASE in "
-                f"{', '.join(PHASES)} and TOKENS a positive integer, got {item!r}"
-            )
-        if phase in seen:
-            raise ConfigError(f"--post-balance-token-caps: {phase} is capped twice")
-        seen.add(phase)
-    if seen and args.post_balance == "none":
-        raise ConfigError(
-            "--post-balance-token-caps caps what balancing gives a rank: it needs "
-            "--post-balance (with --post-balance none nothing moves)"
-        )
 
 
 def _default_gpus_per_node() -> int:
