@@ -477,12 +477,12 @@ def _plan_phase(
             floor = min(min_items, int(np.bincount(owner, minlength=R).min()))
             sizes = items.tokens if cap is not None else None
             held = hold_at_least(dst, costs, R, floor, sizes, cap)
-            if held is None or not np.array_equal(held, dst):
-                dst = owner if held is None else held
-                after = np.bincount(dst, weights=costs, minlength=R)
+            if held is None:
+                dst, after, alg = owner, before, "ordinary"
+            elif not np.array_equal(held, dst):
+                dst, after = held, np.bincount(held, weights=costs, minlength=R)
                 if after.max() >= before.max():  # the floor took the gain: keep the loader's
-                    dst, after = owner, before
-                alg = result.algorithm if dst is not owner else "ordinary"
+                    dst, after, alg = owner, before, "ordinary"
     if model.per_call:
         # Paid once by every rank holding anything: it never changes which items go together.
         before = before + model.per_call * (np.bincount(owner, minlength=R) > 0)

@@ -16,8 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def hold_at_least(bins: np.ndarray, costs: np.ndarray, d: int, minimum: int,
-                  sizes: np.ndarray | None = None, cap: int | None = None) -> np.ndarray | None:  # fmt: skip
+def hold_at_least(
+    bins: np.ndarray,
+    costs: np.ndarray,
+    d: int,
+    minimum: int,
+    sizes: np.ndarray | None = None,
+    cap: int | None = None,
+) -> np.ndarray | None:
     """``bins`` with every bin holding at least ``minimum`` items, by moving items from bins
     above the floor; None where it cannot (too few items, or a ``cap`` on the summed
     ``sizes`` per bin that every possible move would break).
@@ -55,13 +61,17 @@ def hold_at_least(bins: np.ndarray, costs: np.ndarray, d: int, minimum: int,
         # Each donor's cheapest item: the first of its bin in cost order.
         _, first = np.unique(bins[candidates], return_index=True)
         offers = candidates[first]
-        best, best_max = -1, np.inf
-        for i in offers.tolist():
-            after = loads.copy()
-            after[bins[i]] -= costs[i]
-            after[needy] += costs[i]
-            if after.max() < best_max:
-                best, best_max = i, float(after.max())
+        src_of = bins[offers]
+        # The largest load after each offer's move: the donor's and the needy bin's new loads
+        # against the largest of the others (the first of the three heaviest that is neither).
+        top = np.argsort(-loads, kind="stable")[:3]
+        others = np.full(offers.size, -np.inf)
+        for k in top[::-1].tolist():
+            others = np.where((src_of != k) & (needy != k), loads[k], others)
+        new_max = np.maximum(
+            others, np.maximum(loads[src_of] - costs[offers], loads[needy] + costs[offers])
+        )
+        best = int(offers[int(np.argmin(new_max))])  # ties: the lowest donor bin, as before
         src = int(bins[best])
         bins[best] = needy
         counts[src] -= 1

@@ -135,12 +135,12 @@ def clock_ideal(megatron: list[dict]) -> float:
     return total / (total - waited)
 
 
-def phase_table(none: list[dict], auto: list[dict], warmup: int, dp: int) -> list[str]:
-    """Per phase, the slowest rank's measured compute (mean over the timed iterations)."""
+def phase_table(none: list[dict], auto: list[dict], dp: int) -> list[str]:
+    """Per phase, the slowest rank's measured compute (mean over the given iterations)."""
 
     def slowest(records: list[dict]) -> dict[str, float]:
         out: dict[str, list[float]] = {}
-        for rec in records[warmup:]:
+        for rec in records:
             per_rank = [measured_phases(rec["timers"], r) for r in range(dp)]
             for phase in per_rank[0]:
                 out.setdefault(phase, []).append(max(p.get(phase, 0.0) for p in per_rank))
@@ -160,7 +160,7 @@ def phase_table(none: list[dict], auto: list[dict], warmup: int, dp: int) -> lis
     return lines
 
 
-def exchange_table(none: list[dict], auto: list[dict], warmup: int) -> list[str]:
+def exchange_table(none: list[dict], auto: list[dict]) -> list[str]:
     """Per mode, per iteration: all-to-alls and their time, and the plan's time on and off the
     critical path."""
 
@@ -169,8 +169,7 @@ def exchange_table(none: list[dict], auto: list[dict], warmup: int) -> list[str]
         return statistics.mean(values) if values else 0.0
 
     def row(records: list[dict]) -> dict[str, float]:
-        timed = records[warmup:]
-        t = [r["timers"] for r in timed]
+        t = [r["timers"] for r in records]
         rank_mean = lambda name, tt: mean(tt["seconds"].get(name, [0.0]))  # noqa: E731
         return {
             "all-to-alls": mean(len(x["detail"].get("all-to-all", {})) for x in t),
@@ -180,8 +179,8 @@ def exchange_table(none: list[dict], auto: list[dict], warmup: int) -> list[str]
             "digest collectives": mean("plan-digest" in x["seconds"] for x in t),
             "plan ms, critical path": 1e3
             * mean(rank_mean("plan", x) + rank_mean("plan-wait", x) for x in t),
-            "plan ms, background": 1e3 * mean(r.get("plan_background_s", 0.0) for r in timed),
-            "phases kept": mean(r.get("decisions", "").count(" kept ") for r in timed),
+            "plan ms, background": 1e3 * mean(r.get("plan_background_s", 0.0) for r in records),
+            "phases kept": mean(r.get("decisions", "").count(" kept ") for r in records),
         }
 
     a, b = row(none), row(auto)
@@ -250,11 +249,11 @@ def main() -> None:
           f"removed): median {clock:.3f}")  # fmt: skip
     _, _, megatron, balanced = sorted(pairs, key=lambda p: p[0])[len(pairs) // 2]
     print("-- timers of the median pair (Megatron's iterations, the balanced ones)")
-    print("\n".join(phase_table(megatron, balanced, 0, args.dp)))
+    print("\n".join(phase_table(megatron, balanced, args.dp)))
     a, b = summarize_pair(megatron, balanced, 0)
     a.name, b.name = "none", "auto"
     print("\n".join(format_comparison(a, b)))
-    print("\n".join(exchange_table(megatron, balanced, 0)))
+    print("\n".join(exchange_table(megatron, balanced)))
     bytes_moved = statistics.mean(r.get("bytes_moved", 0.0) for r in balanced)
     print(f"bytes moved per iteration (auto): {bytes_moved / 1e6:.3f} MB")
     against_clock = (median - 1.0) / (clock - 1.0) if clock > 1.0 else float("nan")

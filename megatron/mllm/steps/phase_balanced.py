@@ -120,10 +120,9 @@ class PhaseBalancedStep(BalancedStep):
             if b.post_balance_alternate:
                 first = b.post_balance_alternate_first == "balanced"
                 self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
-                self.fallback = fallback
             elif b.post_balance_guard_interval:
                 self.guard = MeasuredGuard(b.post_balance_guard_interval)
-                self.fallback = fallback
+            self.fallback = fallback if self.guard is not None else None
 
     def describe(self) -> str:
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
