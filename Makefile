@@ -1,6 +1,7 @@
 # OrchWeave: the two commands of the README, each creating .venv with Python 3.12 when missing.
 #   make pretrain   the main job: a small three-modality pretrain on CPU, 2 gloo ranks
-#   make test       the test suite
+#   make test       the test suite (scripts/run_tests.sh: single-process tests 2 at a time,
+#                   then the multi-process ones; PYTEST_ARGS go to both passes)
 #   make demo-data  a small real Energon dataset (images, audio, captions, a tokenizer) in
 #                   demo-data/, for `make pretrain ARGS="--data-path demo-data ..."`
 #   make gpu-check ARGS=OUT_DIR    the prepared GPU check (tools/gpu/check.sh; ARGS="--dry-run
@@ -23,7 +24,7 @@ pretrain: $(STAMP)
 	scripts/pretrain_mllm_cpu.sh $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PYTHON=$(PY) scripts/run_tests.sh $(PYTEST_ARGS)
 
 demo-data: $(STAMP)
 	$(PY) tools/make_demo_data.py demo-data $(ARGS)

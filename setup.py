@@ -32,6 +32,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
+            "pytest-xdist",  # make test runs the single-process tests 2 at a time
             "hypothesis>=6",
             "highspy",
             "matplotlib",

@@ -23,7 +23,7 @@ from orchestration.measured_guard import (
 pytestmark = pytest.mark.multiproc
 
 INTERVAL = PROBE_LENGTH + 2 * BLOCK
-ITERS = PROBE_START + INTERVAL + BLOCK  # into the second probe's first block
+ITERS = PROBE_START + INTERVAL + 1  # the second probe's first iteration
 LONG = ["--train-iters", str(ITERS), "--lr-decay-iters", str(ITERS)]
 RUNS = {
     "none": [*LONG],
@@ -74,7 +74,9 @@ def test_the_alternation_runs_its_blocks_for_the_whole_run_and_learns_the_same(r
     assert [r["balanced"] for r in alternating] == [pattern.enabled(i) for i in range(12)]
     sources = [r["plan_source"] for r in alternating]
     assert sources == ["guard"] * 3 + ["step", "ahead", "ahead"] + ["guard"] * 3 + [
-        "step", "ahead", "ahead"
+        "step",
+        "ahead",
+        "ahead",
     ]
     losses = [r["lm_loss"] for r in alternating]
     assert losses == pytest.approx([r["lm_loss"] for r in records["none"][:12]], rel=1e-5)

@@ -13,8 +13,8 @@ from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, Measu
 
 pytestmark = pytest.mark.multiproc
 
-INTERVAL = 48
-ITERS = PROBE_START + INTERVAL + 2 * BLOCK  # into the second probe
+INTERVAL = PROBE_LENGTH + 2 * BLOCK  # the probe and a window of two blocks after it
+ITERS = PROBE_START + INTERVAL + BLOCK  # through the second probe's first block
 PP2 = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
        "--train-iters", str(ITERS), "--lr-decay-iters", str(ITERS)]  # fmt: skip
 RUNS = {

@@ -70,16 +70,26 @@ def test_the_main_job_log_is_the_setup_line_and_the_iteration_lines(dp2_run):
     assert not any("Warning" in line or "arguments ----" in line for line in log), log
 
 
+PP2_ITERS = 10
+"""The PP=2 runs' length: the first third of the main job, on its learning-rate schedule."""
+
+
 @pytest.mark.parametrize(
     "schedule,marker",
     [("megatron", "forward_backward_pipelining_without_interleaving"), ("dynamic", "dynamic")],
 )
-def test_pp2_runs_learn(tmp_path, schedule, marker):
+def test_pp2_runs_learn_what_the_dp2_run_learns(dp2_run, tmp_path, schedule, marker):
+    # Two stages over the same global batches learn the DP=2 run's losses: DP splits each
+    # batch between ranks and balances it, PP runs it whole through two stages.
     flags = ["--post-balance", "none", "--pipeline-schedule", schedule,
-             "--pipeline-model-parallel-size", "2", "--metrics-jsonl", str(tmp_path / "m.jsonl")]  # fmt: skip
+             "--pipeline-model-parallel-size", "2", "--train-iters", str(PP2_ITERS),
+             "--lr-decay-iters", "30", "--metrics-jsonl", str(tmp_path / "m.jsonl")]  # fmt: skip
     proc = check(main_job(2, flags))
     assert f"schedule: {marker}" in proc.stdout, proc.stdout[-2000:]
-    _loss_falls(read_metrics(tmp_path / "m.jsonl"))
+    losses = [m["lm_loss"] for m in read_metrics(tmp_path / "m.jsonl")]
+    _, full = dp2_run
+    assert len(losses) == PP2_ITERS
+    assert losses == pytest.approx([m["lm_loss"] for m in full[:PP2_ITERS]], rel=1e-5)
 
 
 def test_resume_continues_exactly(dp2_run, tmp_path):
