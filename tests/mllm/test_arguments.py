@@ -136,6 +136,8 @@ BAD_INPUT = [
     (["--use-megatron-fsdp"], 2,
      r"--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0\.19\.2's "
      r"Megatron-FSDP builds its device mesh without pipeline stages"),
+    (["--rampup-batch-size", "8", "8", "16"], 2,
+     r"--rampup-batch-size is not supported by OrchWeave: .* one global batch size"),
     (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),
     (["--cost-calibration", "nowhere.json"], 2,
      r"--cost-calibration nowhere.json: calibration file not found"),
