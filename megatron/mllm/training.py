@@ -179,6 +179,12 @@ class Trainer:
         if run.args.lr is None:  # Megatron has no default; its optimizer fails without one
             raise ConfigError("--lr is required to train (the peak learning rate)")
         check_tensor_parallel(run.args)
+        if (run.args.bf16 or run.args.fp16) and not torch.cuda.is_available():
+            flag = "--bf16" if run.args.bf16 else "--fp16"
+            raise ConfigError(
+                f"{flag} needs a CUDA device: megatron-core's mixed-precision optimizer wraps "
+                "CUDA tensors only (on a CPU, train in fp32: leave the flag out)"
+            )
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.

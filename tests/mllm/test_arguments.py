@@ -10,6 +10,7 @@ import sys
 from datetime import timedelta
 
 import pytest
+import torch
 from equivalence import VARIABLE_JSONL
 
 from megatron.mllm import distributed, logs, training
@@ -76,6 +77,8 @@ def test_the_distributed_optimizer_shards_in_ddp_and_in_the_optimizer_alike():
 HUGE = 10**20
 """A token count no int64 holds."""
 
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only refusal")
+
 BAD_INPUT = [
     # (flags, world size, what the one error line must name)
     (["--pipeline-model-parallel-size", "2"], 3,
@@ -136,6 +139,9 @@ BAD_INPUT = [
     (["--use-megatron-fsdp"], 2,
      r"--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0\.19\.2's "
      r"Megatron-FSDP builds its device mesh without pipeline stages"),
+    # Half precision on a CPU (with CUDA these flags train: tools/gpu/check.sh runs them).
+    *(pytest.param([flag], 2, rf"{flag} needs a CUDA device: megatron-core's mixed-precision",
+                   marks=CPU_ONLY) for flag in ("--bf16", "--fp16")),
     (["--rampup-batch-size", "8", "8", "16"], 2,
      r"--rampup-batch-size is not supported by OrchWeave: .* one global batch size"),
     (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),
