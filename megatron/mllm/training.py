@@ -185,6 +185,16 @@ class Trainer:
                 f"{flag} needs a CUDA device: megatron-core's mixed-precision optimizer wraps "
                 "CUDA tensors only (on a CPU, train in fp32: leave the flag out)"
             )
+        if run.args.virtual_pipeline_model_parallel_size is not None:  # set by either flag
+            flag = ("--num-layers-per-virtual-pipeline-stage"
+                    if run.args.num_layers_per_virtual_pipeline_stage is not None
+                    else "--num-virtual-stages-per-pipeline-rank")  # fmt: skip
+            raise ConfigError(
+                f"{flag} (megatron-core's virtual pipeline stages) is not supported by "
+                "OrchWeave's trainer: --pipeline-schedule interleaved --llm-chunks-per-stage K "
+                "runs Megatron's interleaved 1F1B with K LLM chunks per stage (SEMU simulates "
+                "the flag)"
+            )
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.

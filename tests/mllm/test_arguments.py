@@ -142,6 +142,11 @@ BAD_INPUT = [
     # Half precision on a CPU (with CUDA these flags train: tools/gpu/check.sh runs them).
     *(pytest.param([flag], 2, rf"{flag} needs a CUDA device: megatron-core's mixed-precision",
                    marks=CPU_ONLY) for flag in ("--bf16", "--fp16")),
+    (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"], 2,
+     r"--num-layers-per-virtual-pipeline-stage \(megatron-core's virtual pipeline stages\) is "
+     r"not supported by OrchWeave's trainer: --pipeline-schedule interleaved"),
+    (["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"], 2,
+     r"--num-virtual-stages-per-pipeline-rank \(megatron-core's"),
     (["--rampup-batch-size", "8", "8", "16"], 2,
      r"--rampup-batch-size is not supported by OrchWeave: .* one global batch size"),
     (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),
