@@ -58,6 +58,7 @@ from megatron.mllm.reporting import MetricWriters  # noqa: E402
 from megatron.mllm.run_config import RunConfig  # noqa: E402
 from megatron.mllm.steps import build_stage_model, build_step  # noqa: E402
 from megatron.mllm.timers import StepTimers  # noqa: E402
+from megatron.mllm.unsupported_flags import check_trainer_flags  # noqa: E402
 from orchestration import host_probe  # noqa: E402
 from orchestration.balance import InfeasibleCapError  # noqa: E402
 from orchestration.calibration import Calibration  # noqa: E402
@@ -179,22 +180,7 @@ class Trainer:
         if run.args.lr is None:  # Megatron has no default; its optimizer fails without one
             raise ConfigError("--lr is required to train (the peak learning rate)")
         check_tensor_parallel(run.args)
-        if (run.args.bf16 or run.args.fp16) and not torch.cuda.is_available():
-            flag = "--bf16" if run.args.bf16 else "--fp16"
-            raise ConfigError(
-                f"{flag} needs a CUDA device: megatron-core's mixed-precision optimizer wraps "
-                "CUDA tensors only (on a CPU, train in fp32: leave the flag out)"
-            )
-        if run.args.virtual_pipeline_model_parallel_size is not None:  # set by either flag
-            flag = ("--num-layers-per-virtual-pipeline-stage"
-                    if run.args.num_layers_per_virtual_pipeline_stage is not None
-                    else "--num-virtual-stages-per-pipeline-rank")  # fmt: skip
-            raise ConfigError(
-                f"{flag} (megatron-core's virtual pipeline stages) is not supported by "
-                "OrchWeave's trainer: --pipeline-schedule interleaved --llm-chunks-per-stage K "
-                "runs Megatron's interleaved 1F1B with K LLM chunks per stage (SEMU simulates "
-                "the flag)"
-            )
+        check_trainer_flags(run.args)
         self.run = run
         w = run.workload
         # Opened before any collective: a bad workload fails every rank the same way, at once.
