@@ -252,8 +252,7 @@ def check_layout(args: argparse.Namespace) -> None:
 
 
 def check_data_parallel(args: argparse.Namespace) -> None:
-    """Reject the data-parallel options that OrchWeave's steps cannot run (and a ramp-up of the
-    global batch), naming the flag.
+    """Reject the data-parallel options that OrchWeave's steps cannot run, naming the flag.
 
     Runs before Megatron's validation, which would reject ``--use-megatron-fsdp`` on a point
     beside this one (its checkpoint format).
@@ -269,12 +268,6 @@ def check_data_parallel(args: argparse.Namespace) -> None:
             )
     if args.use_megatron_fsdp:
         raise ConfigError(FSDP_UNSUPPORTED)
-    if args.rampup_batch_size:  # else ignored: every iteration would take the full batch
-        raise ConfigError(
-            "--rampup-batch-size is not supported by OrchWeave: the loader, the balance plans "
-            "and the plan made one iteration ahead assume one global batch size for the whole "
-            "run (--global-batch-size)"
-        )
 
 
 FSDP_UNSUPPORTED = (

@@ -34,6 +34,12 @@ def check_trainer_flags(args: argparse.Namespace) -> None:
             "runs Megatron's interleaved 1F1B with K LLM chunks per stage (SEMU simulates "
             "the flag)"
         )
+    if args.rampup_batch_size:
+        raise ConfigError(
+            "--rampup-batch-size is not supported by OrchWeave: the loader, the balance plans "
+            "and the plan made one iteration ahead assume one global batch size for the whole "
+            "run (--global-batch-size)"
+        )
     if args.num_experts:
         raise ConfigError(
             f"--num-experts {args.num_experts} is not supported by OrchWeave yet: the LLM's "

@@ -81,13 +81,14 @@ PP2_ITERS = 10
 def test_pp2_runs_learn_what_the_dp2_run_learns(dp2_run, tmp_path, schedule, marker):
     # Two stages over the same global batches learn the DP=2 run's losses: DP splits each
     # batch between ranks and balances it, PP runs it whole through two stages.
+    _, full = dp2_run
     flags = ["--post-balance", "none", "--pipeline-schedule", schedule,
              "--pipeline-model-parallel-size", "2", "--train-iters", str(PP2_ITERS),
-             "--lr-decay-iters", "30", "--metrics-jsonl", str(tmp_path / "m.jsonl")]  # fmt: skip
+             "--lr-decay-iters", str(len(full)),
+             "--metrics-jsonl", str(tmp_path / "m.jsonl")]  # fmt: skip
     proc = check(main_job(2, flags))
     assert f"schedule: {marker}" in proc.stdout, proc.stdout[-2000:]
     losses = [m["lm_loss"] for m in read_metrics(tmp_path / "m.jsonl")]
-    _, full = dp2_run
     assert len(losses) == PP2_ITERS
     assert losses == pytest.approx([m["lm_loss"] for m in full[:PP2_ITERS]], rel=1e-5)
 
