@@ -153,7 +153,7 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         md = gathered[d].metadata
         step = PhaseBalancedStep(loaded.run, loaded.model, dispatchers[d], cost_model, None,
                                  torch.device("cpu"))  # fmt: skip
-        plan = step.plan_for(md, step.cost_model)
+        plan = step.plan_for(md)
         llm = plan.phase("llm")
         mine = llm.dispatch.dst_items(d)
         samples = [(int(llm.items.sample[i]), None, None) for i in mine.tolist()]
@@ -198,7 +198,7 @@ def test_sample_balanced_microbatches_are_the_trainers(schedule):
         engine = PackedStep(None, None, "engine")
         step = SampleBalancedStep(engine, loaded.run, loaded.model, dispatchers[d], cost_model,
                                   None, False, torch.device("cpu"))  # fmt: skip
-        plan = step.plan_for(md, step.cost_model)
+        plan = step.plan_for(md)
         want = step.group_microbatches(plan, md, loaded.run.num_microbatches)
         assert _ids(batches.samples[d]) == _ids(want)
         assert schedules[d].structure == structure_of(mbs[d], list(loaded.semu.shape.encoders))

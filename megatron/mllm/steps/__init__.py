@@ -42,11 +42,11 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.search.partition import PartitionPlan
-from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.semu.batches import pack_microbatch
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]

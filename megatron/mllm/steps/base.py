@@ -24,14 +24,15 @@ import torch.distributed as dist
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import encoder_input_dtype
 from megatron.mllm.data import LoadedMicrobatch
-from megatron.mllm.steps.cost_feedback import CostFeedback
 from megatron.mllm.steps.plan_ahead import PlanAhead, check_control_digests, digest_words
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
+from orchestration.cost_feedback import CostFeedback
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
+from orchestration.plan_job import PlanJob, PlanResult
 
 BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
 """``--post-balance`` choices and the ``orchestration.balance`` algorithm each runs."""
@@ -263,7 +264,11 @@ class BalancedStep(TrainingStep):
             enc: encoder_input_dtype(enc, run.data is not None) for enc in mllm.encoders
         }
         """Per encoder, the dtype its inputs travel in (every rank's must agree)."""
-        self.ahead = PlanAhead(run.balance.plan_ahead, run.distributed_timeout.total_seconds())
+        self.ahead = PlanAhead(
+            run.balance.plan_ahead,
+            run.distributed_timeout.total_seconds(),
+            name=f"rank {dist.get_rank()}" if dist.is_initialized() else "this rank",
+        )
         # The digest rides on the DP group's metadata gather only when that group is the
         # whole world: with several DP groups (PP or TP > 1) all of them must agree, which
         # takes the world-wide check.
@@ -295,10 +300,27 @@ class BalancedStep(TrainingStep):
             )
         return text
 
-    def plan_within_caps(self, planner: Callable[..., Any], metadata, cost_model: CostModel,
-                         **kwargs) -> Any:  # fmt: skip
-        """``planner(metadata, cost_model, algorithm=..., caps=--post-balance-token-caps,
-        **kwargs)``; caps it cannot meet stop the run with the flag, the phase and the sizes.
+    def planner(self) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
+        """The step's module-level planner, its keyword arguments beyond the algorithm and the
+        caps, and those that replace them once the costs are fitted (see ``PlanJob``)."""
+        raise NotImplementedError
+
+    def plan_job(self, metadata, iteration: int, observation=None) -> PlanJob:
+        """The plan of ``iteration``'s gathered metadata as a job (pure, no collective): made
+        with the step's cost model, or with its fits after they observed ``observation``."""
+        planner, kwargs, fitted = self.planner()
+        kwargs = dict(kwargs, algorithm=self.algorithm, caps=self.balance.token_caps)
+        return PlanJob(planner, metadata, iteration, self.cost_model, kwargs, fitted,
+                       self.feedback, observation)  # fmt: skip
+
+    def plan_for(self, metadata, iteration: int = 0) -> Any:
+        """The step's plan of one iteration's metadata, made here (the simulator's and the
+        tests' way to get the plan the step would make)."""
+        return self._adopted(self.plan_job(metadata, iteration)())
+
+    def _take(self, iteration: int, in_step: Callable[[], PlanResult]) -> Any:
+        """``iteration``'s plan, made ahead or by ``in_step`` now, with its fits adopted; caps
+        it cannot meet stop the run with the flag, the phase and the sizes.
 
         Raises:
             ConfigError: naming ``--post-balance-token-caps PHASE=TOKENS`` and the item or the
@@ -306,33 +328,32 @@ class BalancedStep(TrainingStep):
         """
         caps = self.balance.token_caps
         try:
-            return planner(metadata, cost_model, algorithm=self.algorithm, caps=caps, **kwargs)
+            dropped = self.ahead.drop_other(iteration)
+            if dropped is not None:
+                self._adopted(dropped)
+            result, _ = self.ahead.take(iteration, in_step)
         except InfeasibleCapError as e:
             flag = "--post-balance-token-caps"
             if e.phase in caps:
                 flag += f" {e.phase}={caps[e.phase]}"
             raise ConfigError(f"{flag}: {e}") from None
+        return self._adopted(result)
+
+    def _adopted(self, result: PlanResult) -> Any:
+        """``result``'s plan, its fits now the step's."""
+        if result.feedback is not None:
+            self.feedback.adopt(result.feedback)
+        return result.plan
 
     @property
     def plans_ahead(self) -> bool:
         return self.ahead.enabled
 
-    def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> Any:
-        """The step's plan of one iteration's gathered metadata with ``cost_model`` (and the
-        exchange check's ``exchange`` model, where the step has one); pure, no collective."""
-        raise NotImplementedError
-
-    def models(self, iteration: int) -> tuple[CostModel, Any]:
-        """The cost model and exchange model the plan of ``iteration`` is made with."""
-        if self.feedback is None:
-            return self.cost_model, None
-        return self.feedback.models(iteration)
-
     def control_words(self, iteration: int) -> np.ndarray | None:
         digest = np.zeros(0, np.int64)
         if self.fold_digest and self.ahead.has(iteration):
             with self.timers.span("plan-wait"):
-                plan = self.ahead.peek(iteration)
+                plan = self.ahead.peek(iteration).plan
             digest = digest_words(plan.digest)
         measured = self.feedback.words() if self.feedback is not None else np.zeros(0, np.int64)
         timed = self._timed_words(iteration)
@@ -373,9 +394,8 @@ class BalancedStep(TrainingStep):
         """
         ahead = self.ahead.has(batch.iteration)
         with self.timers.span("plan-wait" if ahead else "plan"):
-            plan, _ = self.ahead.take(
-                batch.iteration,
-                lambda: self.plan_for(batch.metadata, *self.models(batch.iteration)),
+            plan = self._take(
+                batch.iteration, lambda: self.plan_job(batch.metadata, batch.iteration)()
             )
         self.plan_source = "ahead" if ahead else "step"
         digests, measured, timed = _split_control(batch.control)
@@ -398,25 +418,20 @@ class BalancedStep(TrainingStep):
         during an unbalanced iteration would charge it the planning, which the guard weighs:
         the first iteration of a balanced block plans in its step)."""
         self.dispatcher.reset_counters()
-        observe = lambda: None  # noqa: E731
+        observation = None
         if measured is not None and self.feedback is not None:
-            m = self.feedback.take_pending()
-            observe = lambda: self.feedback.observe(m, measured)  # noqa: E731
+            observation = (self.feedback.take_pending(), measured)
         following, nxt = batch.next_metadata, batch.iteration + 1
         self._record_time(timed)
         next_balanced = self.balances(nxt)
         self._balanced_next = (nxt, next_balanced)
         if following is not None and self.ahead.enabled and balanced and next_balanced:
-            # The fits learn in the background too (a refit costs milliseconds): the thread
-            # runs one job at a time, so they see the same values in the same order as in
-            # the step, and the next plan starts from what they learnt.
-            def job():
-                observe()
-                return self.plan_for(following, *self.models(nxt))
-
-            self.ahead.submit(nxt, job)
-        else:
-            observe()
+            # The fits learn in the worker too (a refit costs milliseconds): the job observes,
+            # then plans, and the step adopts the fits that come back with the plan, so they
+            # see the same values in the same order as in the step.
+            self.ahead.submit(nxt, self.plan_job(following, nxt, observation))
+        elif observation is not None:
+            self.feedback.observe(*observation)
 
     def _record_time(self, timed: list[np.ndarray] | None) -> None:
         """The guard's record of the previous iteration: the slowest rank's time (every rank
@@ -448,10 +463,12 @@ class BalancedStep(TrainingStep):
 
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs to plan as the uninterrupted run would (this rank's); waits for
-        the background job, which may still be feeding the fits."""
+        the job in flight, whose fits observed the latest times (its plan stays to be taken)."""
         state: dict[str, Any] = {}
         if self.feedback is not None:
-            self.ahead.wait()
+            made = self.ahead.made()
+            if made is not None:
+                self._adopted(made)
             state["feedback"] = self.feedback.state_dict()
         if self.guard is not None:
             state["guard"] = self.guard.state_dict()

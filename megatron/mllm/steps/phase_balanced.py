@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 
 import numpy as np
 import torch
@@ -46,8 +47,8 @@ from megatron.mllm.batch import (
 )
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
-from megatron.mllm.steps.cost_feedback import CostFeedback, Measured, PhaseClock
 from orchestration.balance import DEFAULT_BUDGET
+from orchestration.cost_feedback import CostFeedback, Measured
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
@@ -79,6 +80,19 @@ def payload_bytes(mllm: MLLMConfig, real_data: bool) -> PayloadBytes:
     inputs["llm"] = 8.0
     outputs = {name: float(enc.hidden_size * element) for name, enc in mllm.encoders.items()}
     return PayloadBytes(inputs=inputs, outputs=outputs)
+
+
+class PhaseClock:
+    """Wall-clock seconds of host-visible work; on CUDA it waits for the device first, so a
+    phase's time is its kernels' and not their launch's."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
 
 class PhaseBalancedStep(BalancedStep):
@@ -142,18 +156,15 @@ class PhaseBalancedStep(BalancedStep):
                      f"iterations from the {g.next_probe + 1}th")  # fmt: skip
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
 
-    def plan_for(self, metadata, cost_model: CostModel, exchange=None) -> IterationPlan:
-        """An iteration's plan (the same on every DP rank); with ``exchange``, a phase whose
-        predicted gain does not pay for its exchanges keeps the loader's assignment."""
+    def planner(self):
+        """``plan_iteration`` over the balanced phases; a phase whose predicted gain does not pay
+        for its exchanges (once the fits give seconds) keeps the loader's assignment."""
         b = self.balance
+        kwargs = dict(phases=b.balance_phases, gpus_per_node=self.dispatcher.gpus_per_node,
+                      budget=DEFAULT_BUDGET, min_llm_samples=self.num_microbatches)  # fmt: skip
         # Fitted costs carry per-call and per-item constants, which weaken the exact search's
         # bound: with its default node budget a 16-item plan could take 0.2 s of a core.
-        budget = FITTED_BUDGET if cost_model is not self.cost_model else DEFAULT_BUDGET
-        return self.plan_within_caps(
-            plan_iteration, metadata, cost_model, phases=b.balance_phases,
-            gpus_per_node=self.dispatcher.gpus_per_node, exchange=exchange, budget=budget,
-            min_llm_samples=self.num_microbatches,
-        )  # fmt: skip
+        return plan_iteration, kwargs, {"budget": FITTED_BUDGET}
 
     def log_note(self) -> str | None:
         """The fitted coefficients and the latest plan's decisions, for the log line."""

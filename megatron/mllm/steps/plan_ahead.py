@@ -2,11 +2,13 @@
 """Planning the next iteration while this one runs: the balance plan off the critical path.
 
 Megatron's data order is known ahead, so the loader gathers iteration ``i + 1``'s metadata with
-iteration ``i``'s (``BatchLoader.lookahead``), and the step hands the planner for ``i + 1`` to
-one background thread before it runs ``i``. When ``i + 1`` starts its plan is (normally)
-ready: what is left on the critical path is the wait for it, timed as ``plan-wait``, about zero
-once the plan takes less than a step. The planners are pure numpy (``orchestration``), so the
-thread needs no process group.
+iteration ``i``'s (``BatchLoader.lookahead``), and the step hands the plan of ``i + 1`` (a
+picklable ``orchestration.plan_job.PlanJob``) to the rank's planning worker before it runs
+``i``: a process of its own at the lowest priority (``orchestration.plan_worker``: a thread
+would share the step's interpreter lock). When ``i + 1`` starts its plan is (normally) ready:
+what is left on the critical path is the wait for it, timed as ``plan-wait``, about zero once
+the plan takes less than a step. The planners are pure numpy (``orchestration``), so the
+worker needs no process group.
 
 The plan's digest, which every rank must agree on before anything moves, rides on the next
 metadata gather (:func:`digest_words`, :func:`check_control_digests`) instead of costing a
@@ -19,13 +21,12 @@ uninterrupted run made ahead.
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
 from typing import Callable, Generic, TypeVar
 
 import numpy as np
 
 from orchestration.metadata import PlanError, check_digests
+from orchestration.plan_worker import PlanTicket, PlanWorker, PlanWorkerTimeout
 
 T = TypeVar("T")
 
@@ -36,27 +37,28 @@ DIGEST_WORDS = 4
 class PlanAhead(Generic[T]):
     """At most one plan in flight, for the iteration after the current one."""
 
-    def __init__(self, enabled: bool, timeout_s: float):
+    def __init__(self, enabled: bool, timeout_s: float, name: str = "this rank"):
         """Args:
-        enabled: plan in a background thread; False plans every iteration in the step.
+        enabled: plan in the planning worker; False plans every iteration in the step.
         timeout_s: the longest wait for a plan (``--distributed-timeout-minutes``).
+        name: whose plans they are, as errors name it (``rank 3``).
         """
         self.enabled = enabled
         self.timeout_s = timeout_s
-        self._executor = None
-        if enabled:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="orchweave-plan-ahead"
-            )
-        self._pending: tuple[int, concurrent.futures.Future] | None = None
+        self.name = name
+        self._worker: PlanWorker | None = None  # launched with the first job
+        self._pending: tuple[int, PlanTicket] | None = None
         self.background_s = 0.0
-        """Seconds the thread spent on the plan taken last (0 when it was planned in step)."""
+        """Seconds the worker spent on the plan taken last (0 when it was planned in step)."""
 
-    def submit(self, iteration: int, planner: Callable[[], T]) -> None:
-        """Start planning ``iteration`` in the background (nothing when disabled)."""
-        if self._executor is None:
+    def submit(self, iteration: int, job: Callable[[], T]) -> None:
+        """Start planning ``iteration`` in the worker (nothing when disabled); ``job`` is
+        picklable."""
+        if not self.enabled:
             return
-        self._pending = (iteration, self._executor.submit(_timed, planner))
+        if self._worker is None:
+            self._worker = PlanWorker(self.name)
+        self._pending = (iteration, self._worker.submit(job))
 
     def has(self, iteration: int) -> bool:
         """Whether ``iteration``'s plan was submitted ahead."""
@@ -85,8 +87,8 @@ class PlanAhead(Generic[T]):
         another thread; the plan stays to be taken), else None."""
         if not self.has(iteration):
             return None
-        future = self._pending[1]
-        return lambda: future.result(timeout=self.timeout_s)[0]
+        ticket = self._pending[1]
+        return lambda: ticket.result(self.timeout_s)[0]
 
     def peek(self, iteration: int) -> T | None:
         """``iteration``'s plan if it was submitted ahead (waiting for it; it stays to be
@@ -94,33 +96,35 @@ class PlanAhead(Generic[T]):
         return self._result()[0] if self.has(iteration) else None
 
     def _result(self) -> tuple[T, float]:
-        """The plan in flight and the thread's seconds on it, waiting at most the timeout."""
-        iteration, future = self._pending
+        """The plan in flight and the worker's seconds on it, waiting at most the timeout."""
+        iteration, ticket = self._pending
         try:
-            return future.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
+            return ticket.result(self.timeout_s)
+        except PlanWorkerTimeout:
             raise PlanError(
                 f"the balance plan of iteration {iteration}, computed ahead, did not finish "
                 f"within {self.timeout_s:.0f} s (--distributed-timeout-minutes)"
             ) from None
 
-    def wait(self) -> None:
-        """Wait for the plan in flight, if any, to be made (it stays to be taken)."""
-        if self._pending is not None:
-            self._result()
+    def made(self) -> T | None:
+        """The job in flight's result, waited for (it stays to be taken), or None."""
+        return self._result()[0] if self._pending is not None else None
+
+    def drop_other(self, iteration: int) -> T | None:
+        """The result of a job in flight for another iteration than ``iteration``, waited for
+        and dropped (what it learnt is not lost), or None."""
+        if self._pending is None or self._pending[0] == iteration:
+            return None
+        result = self._result()[0]
+        self._pending = None
+        return result
 
     def close(self) -> None:
-        """Stop the thread (a plan in flight is finished and dropped)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        """Stop the worker (a plan in flight is dropped)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
         self._pending = None
-
-
-def _timed(planner: Callable[[], T]) -> tuple[T, float]:
-    start = time.perf_counter()
-    plan = planner()
-    return plan, time.perf_counter() - start
 
 
 def digest_words(digest: str) -> np.ndarray:

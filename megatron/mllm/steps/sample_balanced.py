@@ -61,10 +61,10 @@ class SampleBalancedStep(BalancedStep):
         super().close()
         self.engine.close()
 
-    def plan_for(self, metadata, cost_model, exchange=None):
-        """An iteration's whole-sample plan across DP groups (no exchange check: a group's
-        samples move as a whole, once)."""
-        return self.plan_within_caps(plan_whole_samples, metadata, cost_model)
+    def planner(self):
+        """The whole-sample plan across DP groups (no exchange check: a group's samples move as
+        a whole, once)."""
+        return plan_whole_samples, {}, {}
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)

@@ -51,12 +51,12 @@ from megatron.mllm.steps.schedule_wire import (
     encode,
     words_length,
 )
+from orchestration.measured_guard import MeasuredGuard
 from orchestration.metadata import PlanError
 from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.ir import Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
-from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
 SearchFn = Callable[[Placement, MicrobatchStructure, Sequence[MicrobatchMeta]], SearchOutcome]

@@ -18,16 +18,17 @@ would have made.
 
 The transfer time of an exchange is the shortest of the ranks' durations: the rank that arrives
 last waits for no one, so its duration is the transfer alone.
+
+Pure numpy: the fits travel, with the metadata, to the planning worker
+(``orchestration.plan_job``), which observes and plans in a process of its own.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from orchestration.cost_fit import OnlineCostFit
 from orchestration.cost_model import CostModel
@@ -67,19 +68,6 @@ class Measured:
 
     hop_bytes: dict[str, float] = field(default_factory=dict)
     """Per exchange that ran, its busiest rank's bytes (the same on every rank)."""
-
-
-class PhaseClock:
-    """Wall-clock seconds of host-visible work; on CUDA it waits for the device first, so a
-    phase's time is its kernels' and not their launch's."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
 
 class CostFeedback:
@@ -154,6 +142,12 @@ class CostFeedback:
         if nbytes:
             self.exchanges.observe(m.iteration, nbytes, seconds, refit)
             self.exchanged_at = m.iteration
+
+    def adopt(self, other: "CostFeedback") -> None:
+        """Take ``other``'s fits: a copy of these that observed more, in the planning worker
+        (this rank's pending measurement stays; adopting itself changes nothing)."""
+        self.costs, self.exchanges = other.costs, other.exchanges
+        self.exchanged_at = other.exchanged_at
 
     def describe(self) -> str:
         """The fitted coefficients, for the log line."""
