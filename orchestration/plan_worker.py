@@ -21,7 +21,6 @@ This module is imported by the worker: it must import nothing heavy at module le
 
 from __future__ import annotations
 
-import os
 import pickle
 import threading
 import time

@@ -4,7 +4,7 @@
 Megatron's data order is known ahead, so the loader gathers iteration ``i + 1``'s metadata with
 iteration ``i``'s (``BatchLoader.lookahead``), and the step hands the plan of ``i + 1`` (a
 picklable ``orchestration.plan_job.PlanJob``) to the rank's planning worker before it runs
-``i``: a process of its own at the lowest priority (``orchestration.plan_worker``: a thread
+``i``: a process of its own, at the step's priority (``orchestration.plan_worker``: a thread
 would share the step's interpreter lock). When ``i + 1`` starts its plan is (normally) ready:
 what is left on the critical path is the wait for it, timed as ``plan-wait``, about zero once
 the plan takes less than a step. The planners are pure numpy (``orchestration``), so the
