@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from orchestration.locality import group_ranks_per_node
 from orchestration.metadata import GatheredMetadata, PlanError, check_digests, encode_rank_metadata
+from orchestration.packed_exchange import PackedLayout
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
 
@@ -327,15 +328,7 @@ class Dispatcher:
 
     def exchange_many(self, parts: Sequence[tuple[torch.Tensor, np.ndarray]],
                       label: str | None = None) -> list[torch.Tensor]:  # fmt: skip
-        """Several exchanges in one all-to-all: each part's rows travel as bytes in one packed
-        buffer, split by one byte-count matrix (the sum of the parts' row matrices times their
-        row sizes), and are unpacked into their own dtypes and shapes on arrival.
-
-        An exchange costs a latency per collective on every rank, however little it carries, so
-        a step moves all the payloads of one hop (every encoder's inputs and the token ids, or
-        every encoder's outputs) together. When no part moves a row across ranks (every plan
-        kept its items where they were loaded), nothing is sent at all: every rank sees the
-        same counts, so all skip alike.
+        """Several exchanges in one all-to-all (:meth:`start_exchange`, waited for at once).
 
         Args:
             parts: per part, this rank's rows ordered by destination rank (as
@@ -343,52 +336,63 @@ class Dispatcher:
             label: names the exchange in the timers and in a :class:`CollectiveError`.
 
         Returns:
-            Per part, the rows received, ordered by source rank, in the part's dtype and shape.
+            Per part, the rows received, ordered by source rank, in the part's dtype and shape
+            (the home rows included); when nothing moves, the parts' own tensors.
         """
-        counts = [np.asarray(c, dtype=np.int64) for _, c in parts]
-        for (rows, _), c in zip(parts, counts):
-            self._check_counts(rows, c)
-        if all(int(c.sum() - np.trace(c)) == 0 for c in counts):
+        pending = self.start_exchange(parts, label)
+        remote = pending.wait()
+        if pending.layout.moves_nothing:
             return [rows for rows, _ in parts]
-        row_bytes = [
-            rows.element_size() * int(np.prod(rows.shape[1:], dtype=np.int64)) for rows, _ in parts
+        layout = pending.layout
+        return [
+            layout.assemble(p, got, layout.home(p, rows))
+            for p, (got, (rows, _)) in enumerate(zip(remote, parts))
         ]
-        as_bytes = [_row_bytes(rows, rb) for (rows, _), rb in zip(parts, row_bytes)]
-        # Wire layout: for each destination in turn, every part's block for it, part by part.
-        sends = [[] for _ in range(self.world)]
-        for b, c in zip(as_bytes, counts):
-            start = 0
-            for d in range(self.world):
-                n = int(c[self.rank, d])
-                sends[d].append(b[start : start + n].reshape(-1))
-                start += n
-        byte_counts = sum(c * rb for c, rb in zip(counts, row_bytes))
-        device = as_bytes[0].device
-        send = torch.cat([blk for d in range(self.world) for blk in sends[d]]) if parts else (
-            torch.empty(0, dtype=torch.uint8, device=device)
-        )  # fmt: skip
-        start = time.perf_counter()
-        with self._timed("all-to-all", label):
-            recv = self._exchange(send, byte_counts, label)
-        off = byte_counts - np.diag(byte_counts.diagonal())
-        busiest = float(max(off.sum(axis=1).max(), off.sum(axis=0).max()))
-        self.exchanges.append((label, busiest, time.perf_counter() - start))
-        pieces = [[] for _ in parts]
-        offset = 0
-        for s in range(self.world):
-            for p, (c, rb) in enumerate(zip(counts, row_bytes)):
-                n = int(c[s, self.rank]) * rb
-                pieces[p].append(recv[offset : offset + n])
-                offset += n
-        out = []
-        for (rows, _), blocks in zip(parts, pieces):
-            flat = torch.cat(blocks) if blocks else recv.new_empty(0)
-            shape = rows.shape[1:]
-            if flat.numel():
-                out.append(flat.view(rows.dtype).reshape(-1, *shape))
-            else:
-                out.append(rows.new_empty((0, *shape)))
-        return out
+
+    def start_exchange(self, parts: Sequence[tuple[torch.Tensor, np.ndarray]],
+                       label: str | None = None) -> "PendingExchange":  # fmt: skip
+        """Start several exchanges as one all-to-all; :meth:`PendingExchange.wait` ends it.
+
+        Each part's rows that change rank travel as bytes in one packed buffer, split by one
+        byte-count matrix (``orchestration.packed_exchange``); the rows a part keeps home never
+        travel, so the caller can compute on them (:meth:`PackedLayout.home`) while the others
+        are in flight. An exchange costs a latency per collective on every rank, however
+        little it carries, so a step moves all the payloads of one hop together. When no part
+        moves a row across ranks (every plan kept its items where they were loaded), nothing
+        is sent at all: every rank sees the same counts, so all skip alike.
+
+        The direct exchange is posted here and runs in the background (gloo's worker thread,
+        or NCCL's stream); the node-wise one, three dependent all-to-alls, runs at the wait.
+        Every rank must wait for its exchanges in the order it started them.
+
+        Args:
+            parts: per part, this rank's rows ordered by destination rank and its row counts.
+            label: names the exchange in the timers and in a :class:`CollectiveError`.
+        """
+        for rows, c in parts:
+            self._check_counts(rows, np.asarray(c, dtype=np.int64))
+        layout = PackedLayout.of(parts, self.rank)
+        device = parts[0][0].device if parts else self._device()
+        pending = PendingExchange(self, layout, label, device)
+        if layout.moves_nothing:
+            return pending
+        pending.send = layout.pack([rows for rows, _ in parts])
+        if self.node_wise:
+            return pending
+        byte_counts = layout.byte_counts
+        self.bytes_moved += int(byte_counts.sum())
+        pending.recv = pending.send.new_empty(int(byte_counts[:, self.rank].sum()))
+        what = "all-to-all" if label is None else f"all-to-all '{label}'"
+        with self._failing_as(what):
+            pending.work = dist.all_to_all_single(
+                pending.recv,
+                pending.send,
+                output_split_sizes=[int(n) for n in byte_counts[:, self.rank]],
+                input_split_sizes=[int(n) for n in byte_counts[self.rank]],
+                group=self.group,
+                async_op=True,
+            )
+        return pending
 
     def all_to_all(self, rows: torch.Tensor, counts: np.ndarray, differentiable: bool = False,
                    label: str | None = None) -> torch.Tensor:  # fmt: skip
@@ -502,14 +506,45 @@ class Dispatcher:
         return recv
 
 
-def _row_bytes(rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
-    """``rows`` as ``[n, row_bytes]`` uint8 (a view where the layout allows, else a copy)."""
-    flat = rows.reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:  # a one-element column slice keeps its stride
-        flat = torch.empty_like(flat, memory_format=torch.contiguous_format).copy_(flat)
-    if not flat.numel():
-        return torch.empty(rows.shape[0], row_bytes, dtype=torch.uint8, device=rows.device)
-    return flat.view(torch.uint8).view(rows.shape[0], row_bytes)
+class PendingExchange:
+    """A packed exchange started by :meth:`Dispatcher.start_exchange`, not yet waited for."""
+
+    def __init__(self, dispatcher: Dispatcher, layout: PackedLayout, label: str | None,
+                 device: torch.device):  # fmt: skip
+        self.dispatcher = dispatcher
+        self.device = device
+        self.layout = layout
+        """Where every part's rows travel (its :meth:`~PackedLayout.home` rows stay)."""
+        self.label = label
+        self.send: torch.Tensor | None = None
+        self.recv: torch.Tensor | None = None
+        self.work = None
+        self._arrived: list[torch.Tensor] | None = None
+
+    def wait(self) -> list[torch.Tensor]:
+        """Block until the exchange is complete (at most the group's timeout; a failure is a
+        :class:`CollectiveError`); per part, the rows that arrived from the other ranks,
+        ordered by source rank (:meth:`PackedLayout.unpack`). The seconds spent blocked here
+        are the exchange's time in :attr:`Dispatcher.exchanges` and the timers: whatever of
+        it ran beside the caller's work costs the step nothing."""
+        if self._arrived is not None:
+            return self._arrived
+        disp, layout = self.dispatcher, self.layout
+        if self.send is None:  # nothing moves
+            self._arrived = layout.unpack(torch.empty(0, dtype=torch.uint8, device=self.device))
+            return self._arrived
+        what = "all-to-all" if self.label is None else f"all-to-all '{self.label}'"
+        start = time.perf_counter()
+        with disp._timed("all-to-all", self.label):
+            if self.work is None:
+                self.recv = disp._exchange(self.send, layout.byte_counts, self.label)
+            else:
+                with disp._failing_as(what):
+                    self.work.wait()
+        disp.exchanges.append((self.label, layout.busiest_bytes(), time.perf_counter() - start))
+        self._arrived = layout.unpack(self.recv)
+        self.send = self.recv = self.work = None
+        return self._arrived
 
 
 class _AllToAll(torch.autograd.Function):
