@@ -47,6 +47,7 @@ from megatron.mllm.batch import (
 )
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
+from megatron.mllm.steps.encoder_outputs import EncoderOutputs, overlap_order
 from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_feedback import CostFeedback, Measured
 from orchestration.cost_model import CostModel
@@ -223,7 +224,7 @@ class PhaseBalancedStep(BalancedStep):
         losses: list = []
         with no_sync(), grad:
             inputs, samples = self._exchange_inputs(plan, batch.metadata, local)
-            sent, leaves, sample_rows = self._encoder_phases(plan, encoders, inputs, forward_only)
+            outputs = self._encoder_phases(plan, encoders, inputs, forward_only)
             llm = plan.phase("llm")
             mine = llm.dispatch.dst_items(me)
             with self.timers.span("microbatches"):
@@ -235,26 +236,32 @@ class PhaseBalancedStep(BalancedStep):
                     batch.metadata.sample_ids,
                 )
             stats.num_microbatches = mb_plan.num_microbatches
-            # Built one at a time: each holds a copy of its samples' encoder rows.
-            microbatches = (
-                self._llm_microbatch([samples[j] for j in mb], leaves, sample_rows)
-                for mb in mb_plan.microbatches
-            )
+            chosen = [[samples[j] for j in mb] for mb in mb_plan.microbatches]
+            groups = overlap_order([outputs.is_local([s for s, _, _ in c]) for c in chosen])
             total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
-            start = self.clock.now()
+            start, blocked, back, i = self.clock.now(), 0.0, None, 0
             with self.timers.span("llm-microbatches"):
-                for i, packed in enumerate(microbatches):
-                    output, num_tokens = forward_step(
-                        forward_step_func, iter([packed]), model[0], mb_plan.num_microbatches,
-                        None, losses, config, 1, collect_non_loss_data=collect_non_loss_data,
-                        is_first_microbatch=i == 0, current_microbatch=i, is_last_stage=True,
-                    )  # fmt: skip
-                    total_tokens += num_tokens
-                    if not forward_only:
-                        backward_step(None, output, None, config)
-            self.phase_s["llm"] += self.clock.now() - start
+                for g, group in enumerate(groups):
+                    if g == 1:  # the rest needs other ranks' rows (or nothing is left)
+                        blocked += outputs.arrive(requires_grad=not forward_only)
+                    if g == 2 and not forward_only:  # no remote row gets more gradient
+                        back = outputs.start_gradients()
+                    for k in group:
+                        # Built one at a time: each holds a copy of its samples' encoder rows.
+                        packed = self._llm_microbatch(chosen[k], outputs)
+                        output, num_tokens = forward_step(
+                            forward_step_func, iter([packed]), model[0],
+                            mb_plan.num_microbatches, None, losses, config, 1,
+                            collect_non_loss_data=collect_non_loss_data,
+                            is_first_microbatch=i == 0, current_microbatch=i, is_last_stage=True,
+                        )  # fmt: skip
+                        total_tokens += num_tokens
+                        if not forward_only:
+                            backward_step(None, output, None, config)
+                        i += 1
+            self.phase_s["llm"] += self.clock.now() - start - blocked
             if not forward_only:
-                self._encoder_backward(plan, sent, leaves)
+                self._encoder_backward(outputs, back)
         if not forward_only and self.feedback is not None:
             self.feedback.pending = Measured(
                 batch.iteration,
@@ -312,67 +319,49 @@ class PhaseBalancedStep(BalancedStep):
             start += n
         return dict(zip(names, got[:-1])), samples
 
-    def _encoder_phases(self, plan: IterationPlan, encoders, inputs, forward_only: bool):
-        """Every encoder body on this worker's units, then the second hop, one all-to-all:
-        every encoder's unit outputs straight to the LLM-phase worker of their sample.
-
-        Returns:
-            Per encoder: the rows this rank sent (still in the encoder's graph, for the
-            backward), the leaves that arrived here (in arrival order; the LLM's backward
-            leaves their gradients there), and per sample of this LLM worker its rows among
-            the arrivals in destination order.
-        """
-        disp, me, device = self.dispatcher, self.dispatcher.rank, self.device
-        sent, parts = {}, []
+    def _encoder_phases(self, plan: IterationPlan, encoders, inputs,
+                        forward_only: bool) -> EncoderOutputs:  # fmt: skip
+        """Every encoder body on this worker's units, then the second hop started: every
+        encoder's unit outputs to the LLM-phase worker of their sample, one all-to-all that
+        runs while the LLM microbatches that need none of it do (``encoder_outputs``)."""
+        me, device = self.dispatcher.rank, self.device
+        hidden, lens = {}, {}
         for enc in self.mllm.encoders:
             phase = plan.phase(enc)
-            lens = [int(n) for n in phase.items.tokens[phase.dispatch.dst_items(me)]]
-            if lens:
+            lens[enc] = phase.items.tokens[phase.dispatch.dst_items(me)].astype(np.int64)
+            if lens[enc].size:
                 got = encoder_features(inputs[enc])  # pixels are normalised after they moved
-                positions = torch.cat([torch.arange(n, device=device) for n in lens])
+                positions = torch.cat([torch.arange(int(n), device=device) for n in lens[enc]])
                 start = self.clock.now()
                 with self.timers.span("encoder-forward", detail=enc):
-                    hidden = (
+                    hidden[enc] = (
                         encoders[enc]
-                        .body(None, got, positions, thd_params(lens, device))
+                        .body(None, got, positions, thd_params(lens[enc].tolist(), device))
                         .squeeze(1)
                     )
                 self.phase_s[enc] += self.clock.now() - start
             else:
                 config = encoders[enc].config
-                hidden = torch.zeros(0, config.hidden_size, device=device,
-                                     dtype=config.params_dtype)  # fmt: skip
-            route = plan.to_llm[enc]
-            sent[enc] = disp.send_rows(route, hidden, np.asarray(lens, dtype=np.int64))
-            parts.append((sent[enc].detach(), route.rows_matrix()))
-        got = disp.exchange_many(parts, label="encoder outputs")
-        leaves, sample_rows = {}, {}
-        for enc, arrived in zip(self.mllm.encoders, got):
-            leaves[enc] = arrived.requires_grad_(not forward_only)
-            arrivals = plan.encoder_arrivals(enc, me)
-            sample_rows[enc] = (arrivals.order, arrivals.sample_rows)
-        return sent, leaves, sample_rows
+                hidden[enc] = torch.zeros(0, config.hidden_size, device=device,
+                                          dtype=config.params_dtype)  # fmt: skip
+        return EncoderOutputs.start(self.dispatcher, plan, hidden, lens, not forward_only)
 
-    def _encoder_backward(self, plan: IterationPlan, sent, leaves) -> None:
-        """The gradients of the unit outputs back to the ranks that computed them, every
-        encoder's in one transposed all-to-all, then each encoder's backward there."""
-        parts = []
-        for enc in self.mllm.encoders:
-            g = leaves[enc].grad
-            if g is None:  # no microbatch of this worker used the encoder's outputs
-                g = torch.zeros_like(leaves[enc])
-            parts.append((g, plan.to_llm[enc].rows_matrix().T.copy()))
-        grads = self.dispatcher.exchange_many(parts, label="encoder outputs backward")
-        for enc, g in zip(self.mllm.encoders, grads):
-            if sent[enc].requires_grad:
+    def _encoder_backward(self, outputs: EncoderOutputs, back) -> None:
+        """Each encoder's backward where its forward ran, once the gradients of its unit
+        outputs are back (``back``: their exchange, started by the LLM loop)."""
+        grads = outputs.gradients(back)
+        for enc, g in grads.items():
+            sent = outputs.sent[enc]
+            if sent.requires_grad:
                 start = self.clock.now()
                 with self.timers.span("encoder-backward", detail=enc):
-                    torch.autograd.backward(sent[enc], g)
+                    torch.autograd.backward(sent, g)
                 self.phase_s[enc] += self.clock.now() - start
 
-    def _llm_microbatch(self, chosen, leaves, sample_rows):
+    def _llm_microbatch(self, chosen, outputs: EncoderOutputs):
         """One LLM microbatch of ``(sample, meta, payload)``, carrying its samples' encoder
-        outputs (rows of the leaves) so that the model runs only the encoders' heads."""
+        outputs (rows of the encoder outputs' leaves) so that the model runs only the encoders'
+        heads."""
         packed = build_microbatch(
             [(meta, payload) for _, meta, payload in chosen],
             list(self.mllm.encoders),
@@ -381,10 +370,5 @@ class PhaseBalancedStep(BalancedStep):
             chat_turns=self.chat_turns,
         )
         for enc in packed.encoders:
-            order, rows_of = sample_rows[enc]
-            # Destination-order rows of the chosen samples, read off the arrival-order leaf.
-            rows = np.concatenate([np.arange(*rows_of[s]) for s, _, _ in chosen if s in rows_of])
-            packed.encoder_hidden[enc] = leaves[enc].index_select(
-                0, torch.as_tensor(order[rows], device=self.device)
-            )
+            packed.encoder_hidden[enc] = outputs.rows(enc, [s for s, _, _ in chosen])
         return packed
