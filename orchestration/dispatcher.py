@@ -38,7 +38,14 @@ import torch
 import torch.distributed as dist
 
 from orchestration.locality import group_ranks_per_node
-from orchestration.metadata import GatheredMetadata, PlanError, check_digests, encode_rank_metadata
+from orchestration.metadata import (
+    GatheredMetadata,
+    PlanError,
+    check_digests,
+    decode_strings,
+    encode_rank_metadata,
+    encode_strings,
+)
 from orchestration.packed_exchange import PackedLayout
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
@@ -231,13 +238,13 @@ class Dispatcher:
         control = np.zeros(0, np.int64) if control is None else np.asarray(control, np.int64)
         parts = [encode_rank_metadata(local) for local in batches]
         head = [len(control), len(parts), *(p.size for p in parts)]
-        encoded = np.concatenate([np.array(head, np.int64), control, *parts])
-        ids = [meta.sample_id for local in batches for _, meta in local]
+        # The sample ids ride along as words: two all-gathers in all (sizes, then words).
+        ids = encode_strings([meta.sample_id for local in batches for _, meta in local])
+        encoded = np.concatenate([np.array(head, np.int64), control, *parts, ids])
         with self._timed("metadata-gather"):
             flat = self.all_gather_arrays(encoded, "metadata all-gather")
-            all_ids = self.all_gather_strings(ids, "metadata all-gather (sample ids)")
         controls, per_batch = [], [[] for _ in batches]
-        id_counts = [[] for _ in batches]
+        ids_of = [[] for _ in batches]
         for words in flat:
             n_control, n_parts = int(words[0]), int(words[1])
             if n_parts != len(batches):
@@ -249,34 +256,21 @@ class Dispatcher:
             start = 2 + n_parts
             controls.append(words[start : start + n_control])
             start += n_control
+            counts = []
             for b, size in enumerate(sizes.tolist()):
                 part = words[start : start + size]
                 per_batch[b].append(part)
-                id_counts[b].append(int(part[1]))  # the part's sample count
+                counts.append(int(part[1]))  # the part's sample count
                 start += size
-        # The ids come rank by rank, each rank's iterations in turn.
-        ids_of = [[] for _ in batches]
-        start = 0
-        for r in range(len(flat)):
-            for b in range(len(batches)):
-                n = id_counts[b][r]
-                ids_of[b].extend(all_ids[start : start + n])
-                start += n
+            rank_ids, _ = decode_strings(words[start:])
+            for b, n in enumerate(counts):  # a rank's ids come iteration by iteration
+                ids_of[b].extend(rank_ids[:n])
+                rank_ids = rank_ids[n:]
         gathered = [
             GatheredMetadata.from_flat(per_batch[b], sample_ids=ids_of[b])
             for b in range(len(batches))
         ]
         return gathered, controls
-
-    def all_gather_strings(
-        self, local: Sequence[str], what: str = "string all-gather"
-    ) -> list[str]:
-        """Every rank's strings (sample ids), concatenated in group rank order; ``what`` names
-        the collective in a :class:`CollectiveError`."""
-        gathered: list[Any] = [None] * self.world
-        with self._failing_as(what):
-            dist.all_gather_object(gathered, list(local), group=self.group)
-        return [s for part in gathered for s in part]
 
     def _device(self) -> torch.device:
         # NCCL collectives need CUDA tensors; gloo takes CPU ones.

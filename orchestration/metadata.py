@@ -95,6 +95,29 @@ def encode_rank_metadata(samples: Sequence[tuple[int, SampleMeta]]) -> np.ndarra
     return np.array(head + stream + text + i_s + i_m + i_l + i_u + u_t + tail, dtype=np.int64)
 
 
+def encode_strings(strings: Sequence[str]) -> np.ndarray:
+    """Strings (sample ids) as int64 words, to ride on the metadata all-gather instead of a
+    pickled object gather of their own: ``[n, nbytes, len[n], utf8 bytes padded to 8]``."""
+    raw = [s.encode("utf-8") for s in strings]
+    data = b"".join(raw)
+    padded = data + bytes(-len(data) % 8)
+    head = np.array([len(raw), len(data), *(len(b) for b in raw)], dtype=np.int64)
+    return np.concatenate([head, np.frombuffer(padded, dtype=np.int64)])
+
+
+def decode_strings(words: np.ndarray) -> tuple[list[str], int]:
+    """:func:`encode_strings`' strings, and the words they took."""
+    n, nbytes = int(words[0]), int(words[1])
+    lens = words[2 : 2 + n].tolist()
+    end = 2 + n + -(-nbytes // 8)
+    data = np.ascontiguousarray(words[2 + n : end]).tobytes()[:nbytes]
+    out, at = [], 0
+    for length in lens:
+        out.append(data[at : at + length].decode("utf-8"))
+        at += length
+    return out, end
+
+
 def _layout_tail(samples: Sequence[tuple[int, SampleMeta]]) -> list[int]:
     """The text layouts of the samples that have one (see :func:`encode_rank_metadata`)."""
     tail: list[int] = []

@@ -24,7 +24,9 @@ from orchestration.metadata import (
     GatheredMetadata,
     PlanError,
     check_digests,
+    decode_strings,
     encode_rank_metadata,
+    encode_strings,
     phase_items,
     sample_encoder_tokens,
 )
@@ -153,6 +155,17 @@ def test_malformed_metadata_is_a_clear_error():
         GatheredMetadata.from_flat([good, np.array([99, 0, 0, 0])])
     with pytest.raises(PlanError, match="DP rank 0: 10 ints do not match 1 samples"):
         GatheredMetadata.from_flat([good[:-1]])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(max_size=12), max_size=8), st.lists(st.integers(-5, 5), max_size=3))
+def test_sample_ids_ride_on_the_metadata_words_exactly(ids, after):
+    # Any ids (empty, non-ASCII, NUL inside) come back as they were, and the decoder says where
+    # its words end, so more words may follow them.
+    words = np.concatenate([encode_strings(ids), np.array(after, dtype=np.int64)])
+    got, end = decode_strings(words)
+    assert got == ids
+    assert words[end:].tolist() == after
 
 
 # --------------------------------------------------------------------------------------------
