@@ -3,11 +3,13 @@
 
 Pure numpy. After balancing, a rank holds a list of samples; :func:`form_microbatches` cuts it
 into microbatches whose predicted costs are balanced (so the pipeline's microbatches take about
-the same time) and whose packed length stays within ``--micro-batch-size x --seq-length``.
+the same time) and whose packed length stays within ``--micro-batch-size x --seq-length``;
+:func:`overlap_order` is the order the per-phase step runs them in.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -124,3 +126,18 @@ def _fill_empty(bins: np.ndarray, costs: np.ndarray, m: int) -> np.ndarray:
         counts[donor] -= 1
         counts[b] += 1
     return bins
+
+
+def overlap_order(is_local: Sequence[bool]) -> tuple[list[int], list[int], list[int]]:
+    """The order a per-phase balanced step runs its LLM microbatches in (their indices), as
+    three groups: the first half of the *local* ones (every encoder row computed on this rank),
+    those needing other ranks' rows, the other local ones; each group keeps the given order.
+
+    The first group runs while the encoder outputs' exchange does, the last while their
+    gradients go back (as long as each, since both move the same rows); with an odd count the
+    first group gets the extra one.
+    """
+    local = [i for i, flag in enumerate(is_local) if flag]
+    remote = [i for i, flag in enumerate(is_local) if not flag]
+    half = math.ceil(len(local) / 2)
+    return local[:half], remote, local[half:]

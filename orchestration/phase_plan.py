@@ -193,6 +193,16 @@ class IterationPlan:
             )
         return " ".join(parts)
 
+    def home_samples(self, rank: int) -> frozenset[int]:
+        """``rank``'s LLM samples whose every encoder output was computed on ``rank``: their
+        microbatches need nothing of the outputs' exchange, so they can run while it does."""
+        llm = self.phase("llm")
+        mine = set(llm.items.sample[llm.dispatch.dst_items(rank)].tolist())
+        for encoder, route in self.to_llm.items():
+            sample = self.phase(encoder).items.sample
+            mine -= set(sample[(route.dst == rank) & (route.src != rank)].tolist())
+        return frozenset(mine)
+
     def encoder_arrivals(self, encoder: str, rank: int) -> EncoderArrivals:
         """How ``rank``'s receive buffer of ``to_llm[encoder]`` maps to its destination list."""
         route = self.to_llm[encoder]

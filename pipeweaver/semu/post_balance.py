@@ -9,10 +9,11 @@ exactly the trainer's samples in the trainer's order:
 * **per phase, PP = 1** (``PhaseBalancedStep``, OrchMLLM's setting):
   :func:`orchestration.phase_plan.plan_iteration` plans each encoder phase and the LLM phase;
   every worker runs each encoder once on all its units, packed; the LLM worker cuts its samples
-  into microbatches with :func:`orchestration.microbatches.form_microbatches`. The step's three
-  all-to-alls (inputs and token ids; encoder outputs to the LLM workers; their gradients back)
-  are collectives: every rank waits for the slowest before the next phase
-  (:func:`simulate_phase_balanced`);
+  into microbatches with :func:`orchestration.microbatches.form_microbatches` and runs them in
+  the step's order (:func:`orchestration.microbatches.overlap_order`). Of the step's three
+  all-to-alls, the first (inputs and token ids) holds every rank until the slowest arrives; the
+  encoder outputs' and their gradients' run beside the microbatches that need no other rank's
+  outputs (:func:`simulate_phase_balanced`);
 * **whole samples, PP > 1** (``SampleBalancedStep``):
   :func:`orchestration.sample_plan.plan_whole_samples` moves whole samples across DP groups,
   then each group forms its microbatches the same way and runs its pipeline
@@ -37,7 +38,7 @@ from orchestration.cost_model import CostModel
 from orchestration.dispatcher import plan_hops
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
 from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
-from orchestration.microbatches import form_microbatches
+from orchestration.microbatches import form_microbatches, overlap_order
 from orchestration.packing import microbatch_indices
 from orchestration.phase_plan import IterationPlan, plan_iteration
 from orchestration.sample_plan import SamplePlan, plan_whole_samples
@@ -105,6 +106,15 @@ class BalancedBatches:
 
     encoder_work: list[MicrobatchMeta] = field(default_factory=list)
     """PP = 1: per rank, the encoder units it computes (one sub per encoder: all of them)."""
+
+    overlap: list[tuple[int, int, int]] = field(default_factory=list)
+    """PP = 1: per rank, how many of its microbatches (in order) run while the encoder outputs
+    travel, need other ranks' outputs, and run while their gradients travel back
+    (``orchestration.microbatches.overlap_order``)."""
+
+    background: bool = True
+    """PP = 1: the exchanges run in the background from their post (the direct all-to-all),
+    not where the step waits for them (the node-wise one)."""
 
 
 def gathered_metadata(
@@ -239,13 +249,19 @@ def phase_balanced_batches(
     )
     llm = plan.phase("llm")
     R = plan.num_ranks
-    samples, mbs, enc_work = [], [], []
+    samples, mbs, enc_work, overlap = [], [], [], []
     for d in range(R):
         mine = llm.dispatch.dst_items(d)
         members = [int(llm.items.sample[i]) for i in mine.tolist()]
         groups = _form(
             metadata, llm.costs[mine], llm.items.tokens[mine], members, num_microbatches, setup
         )
+        # The trainer's order: microbatches needing no other rank's encoder outputs around
+        # those that do, so that the exchanges run beside them.
+        home = plan.home_samples(d)
+        order = overlap_order([all(s in home for s in mb) for mb in groups])
+        groups = [groups[i] for part in order for i in part]
+        overlap.append(tuple(len(part) for part in order))
         metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]
         samples.append(metas)
         # The LLM microbatches carry the samples' FLOPs (all phases) for MFU.
@@ -275,17 +291,24 @@ def phase_balanced_batches(
         exchange_seconds(semu, outputs, ranks, setup),
         exchange_seconds(semu, outputs.T, ranks, setup),
     ]
-    return BalancedBatches(samples, mbs, exchange, plan, enc_work)
+    return BalancedBatches(samples, mbs, exchange, plan, enc_work, overlap, not setup.node_wise)
 
 
 @collector_paused()
 def simulate_phase_balanced(
     semu: Semu, batches: BalancedBatches, memory: Memory = Memory.NONE, record_events: bool = True
 ) -> StepPrediction:
-    """One per-phase balanced step at PP = 1: every rank's encoder phases (each encoder once,
-    on all its units), the LLM microbatches (forward, backward), the encoders' backward, with
-    every rank waiting for the slowest at each all-to-all; then the DP reduction and optimizer
-    (:meth:`Semu.finish_step`).
+    """One per-phase balanced step at PP = 1, as the trainer's ``PhaseBalancedStep`` runs it:
+    every rank's encoder phases (each encoder once, on all its units), the LLM microbatches
+    (forward, backward) in the trainer's three groups, the encoders' backward; then the DP
+    reduction and optimizer (:meth:`Semu.finish_step`).
+
+    The inputs' exchange holds every rank until the slowest is there. The encoder outputs'
+    exchange starts when the last rank has posted it (after its encoders) and runs beside each
+    rank's first group of microbatches; a rank waits for it before the microbatches that need
+    other ranks' outputs. The gradients' exchange starts when the last rank has run those and
+    runs beside the last group; the encoders' backward waits for it. Node-wise exchanges run
+    where the step waits for them, so nothing overlaps them.
 
     Raises:
         ValueError: the model is not at PP = 1.
@@ -304,28 +327,28 @@ def simulate_phase_balanced(
     def cost(module: str, kind: Kind, index: int, mb: MicrobatchMeta):
         return semu.compute_cost(placement, Compute(module, 0, kind, index, 0, memory), mb)
 
-    # Per rank: (module, kind, microbatch index, cost) in execution order, phase by phase.
-    phases: list[list[list[tuple]]] = []
+    # Per rank, five runs of computes (module, kind, microbatch index, cost) in execution
+    # order: encoders forward, the three groups of LLM microbatches, encoders backward.
+    runs: list[list[list[tuple]]] = []
     for d in range(R):
         work = batches.encoder_work[d]
         enc_f = [(e, Kind.F, 0, cost(e, Kind.F, 0, work)) for e in encoders if work.num_subs(e)]
         llm = []
         for i, mb in enumerate(batches.microbatches[d]):
-            llm.append(("llm", Kind.F, i, cost("llm", Kind.F, i, mb)))
-            llm.append(("llm", Kind.B, i, cost("llm", Kind.B, i, mb)))
+            llm.append([("llm", Kind.F, i, cost("llm", Kind.F, i, mb)),
+                        ("llm", Kind.B, i, cost("llm", Kind.B, i, mb))])  # fmt: skip
         enc_b = [(e, Kind.B, 0, cost(e, Kind.B, 0, work)) for e, _, _, _ in reversed(enc_f)]
-        phases.append([enc_f, llm, enc_b])
+        cut = np.cumsum([0, *batches.overlap[d]])
+        groups = [[c for mb in llm[cut[g] : cut[g + 1]] for c in mb] for g in range(3)]
+        runs.append([enc_f, *groups, enc_b])
+    starts, blocked = _overlapped_starts(runs, max(host) + x_in, x_out, x_back,
+                                         overlapped=batches.background)  # fmt: skip
     results = []
-    barrier = max(host) + x_in
-    starts = []
-    for p, hop in enumerate((x_out, x_back, 0.0)):
-        starts.append(barrier)
-        barrier += max(sum(c.time_s for *_, c in ph[p]) for ph in phases) + hop
     for d in range(R):
         events, busy, alive, peak, end = [], 0.0, 0.0, 0.0, host[d]
-        for p, start in enumerate(starts):
+        for p, start in enumerate(starts[d]):
             t = start
-            for module, kind, i, c in phases[d][p]:
+            for module, kind, i, c in runs[d][p]:
                 if kind is Kind.F:
                     peak = max(peak, alive + c.kept_bytes + c.transient_bytes)
                     alive += c.kept_bytes
@@ -339,15 +362,55 @@ def simulate_phase_balanced(
                 busy += c.time_s
                 end = t
         results.append(PipelineResult(end, [host[d]], [end], [busy], [peak], events))
+    last = max(range(R), key=lambda d: results[d].makespan)
     return semu.finish_step(
         placement,
         results,
         batches.microbatches,
         [[h] for h in host],
-        x_in + x_out + x_back,
+        x_in + blocked[last],
         record_events,
         exchange_after=0.0,
     )
+
+
+def _overlapped_starts(runs: Sequence[Sequence[Sequence[tuple]]], start: float, x_out: float,
+                       x_back: float, overlapped: bool) -> tuple[list[list[float]], list[float]]:  # fmt: skip
+    """When each rank starts each of its five runs (``simulate_phase_balanced``), and the
+    seconds it waits for the two exchanges beside the LLM microbatches.
+
+    Args:
+        runs: per rank, its five runs of computes (the last element of each is its cost).
+        start: when every rank leaves the inputs' exchange.
+        x_out: seconds of the encoder outputs' exchange (0: nothing moves, nobody waits).
+        x_back: seconds of their gradients' exchange.
+        overlapped: the exchanges run in the background from their post (direct all-to-all);
+            else from the step's wait for them (node-wise).
+    """
+
+    def length(run) -> float:
+        return sum(c.time_s for *_, c in run)
+
+    R = len(runs)
+    ends = [start + length(r[0]) for r in runs]  # encoders forward
+    starts = [[start, ends[d]] for d in range(R)]
+    ends = [ends[d] + length(runs[d][1]) for d in range(R)]  # the first group
+    posted = [s[1] for s in starts] if overlapped else ends
+    arrive = max(posted) + x_out if x_out else 0.0
+    blocked = [max(0.0, arrive - e) for e in ends]
+    for d in range(R):
+        starts[d].append(ends[d] + blocked[d])
+    ends = [starts[d][2] + length(runs[d][2]) for d in range(R)]  # needing others' outputs
+    for d in range(R):
+        starts[d].append(ends[d])
+    posted = ends
+    ends = [ends[d] + length(runs[d][3]) for d in range(R)]  # the last group
+    back = max(posted if overlapped else ends) + x_back if x_back else 0.0
+    for d in range(R):
+        wait = max(0.0, back - ends[d])
+        blocked[d] += wait
+        starts[d].append(ends[d] + wait)
+    return starts, blocked
 
 
 def _work(batches: BalancedBatches, rank: int, module: str, index: int) -> MicrobatchMeta:

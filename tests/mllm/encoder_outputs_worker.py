@@ -12,10 +12,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.mllm.steps.encoder_outputs import EncoderOutputs, overlap_order
+from megatron.mllm.steps.encoder_outputs import EncoderOutputs
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.metadata import GatheredMetadata
+from orchestration.microbatches import overlap_order
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.phase_plan import plan_iteration
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
@@ -86,7 +87,8 @@ def main() -> None:
                     assert torch.equal(got.detach(), want), (trial, rank, enc, s, got, want)
                     (got * weight(got)).sum().backward()
 
-        is_local = [outputs.is_local([s]) for s in samples]
+        home = plan.home_samples(rank)
+        is_local = [s in home for s in samples]
         for s, flag in zip(samples, is_local):
             assert flag == all(expected(e, s)[1] for e in ("vision", "audio")), (trial, s)
         first, middle, last = overlap_order(is_local)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from launch import torchrun
 
-from megatron.mllm.steps.encoder_outputs import overlap_order
+from orchestration.microbatches import overlap_order
 
 
 def test_overlap_order_puts_remote_microbatches_between_the_halves_of_the_local_ones():

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from megatron.mllm.steps.schedule_ahead import SearchedSchedules, semu_microbatch
 from megatron.mllm.steps.schedule_wire import SearchOutcome, decode, encode
+from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 from orchestration.metadata import PlanError
 from pipeweaver.checker import check
 from pipeweaver.dataflow import MicrobatchStructure
@@ -23,7 +24,6 @@ from pipeweaver.fuzz import random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
-from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 
 
 @dataclass

@@ -25,6 +25,7 @@ from megatron.mllm.steps.sample_balanced import SampleBalancedStep
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.locality import group_ranks_per_node
+from orchestration.microbatches import overlap_order
 from orchestration.workload import SampleMeta
 from orchestration.workload_spec import SampleStream
 from pipeweaver.generators import generate
@@ -159,7 +160,13 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         samples = [(int(llm.items.sample[i]), None, None) for i in mine.tolist()]
         mb_plan = step.form_microbatches(llm.costs[mine], llm.items.tokens[mine],
                                          loaded.run.num_microbatches, samples, md.sample_ids)  # fmt: skip
-        want = [[md.sample_ids[samples[i][0]] for i in mb] for mb in mb_plan.microbatches]
+        # The step runs them around the exchanges: those needing other ranks' encoder outputs
+        # between the two halves of the others.
+        home = plan.home_samples(d)
+        mbs = [[samples[i][0] for i in mb] for mb in mb_plan.microbatches]
+        order = overlap_order([all(s in home for s in mb) for mb in mbs])
+        want = [[md.sample_ids[s] for s in mbs[i]] for part in order for i in part]
+        assert batches.overlap[d] == tuple(len(part) for part in order)
         assert _ids(batches.samples[d]) == want
         own = [s.meta.sample_id for s in gathered[d].samples]
         moved |= sorted(s for mb in want for s in mb) != sorted(own)
@@ -286,6 +293,31 @@ def test_overlapped_step_by_hand():
 
 def _meta(sample_id: str, tokens: int) -> SampleMeta:
     return SampleMeta(sample_id, tokens)
+
+
+def test_overlapped_exchanges_timeline_by_hand():
+    """Two ranks' five runs (encoders forward, three groups of LLM microbatches, encoders
+    backward): the outputs' exchange starts when the last rank posts it and runs beside the
+    first group, the gradients' beside the last; node-wise, each starts where the step waits."""
+    from types import SimpleNamespace
+
+    from pipeweaver.semu.post_balance import _overlapped_starts
+
+    def runs(*lengths):
+        return [[("m", None, 0, SimpleNamespace(time_s=t))] for t in lengths]
+
+    both = [runs(1.0, 2.0, 1.0, 1.0, 1.0), runs(2.0, 0.5, 1.0, 0.5, 1.0)]
+    starts, blocked = _overlapped_starts(both, 0.0, 1.5, 1.0, overlapped=True)
+    # Posted at 1.0 and 2.0: arrives at 3.5; rank 0's first group ends at 3.0, rank 1's at 2.5.
+    # Gradients posted at 4.5 by both: back at 5.5; rank 1's last group ends at 5.0.
+    assert starts == [[0.0, 1.0, 3.5, 4.5, 5.5], [0.0, 2.0, 3.5, 4.5, 5.5]]
+    assert blocked == pytest.approx([0.5, 1.5])
+    starts, blocked = _overlapped_starts(both, 0.0, 1.5, 1.0, overlapped=False)
+    assert starts == [[0.0, 1.0, 4.5, 5.5, 7.5], [0.0, 2.0, 4.5, 5.5, 7.5]]
+    assert blocked == pytest.approx([2.5, 3.5])
+    starts, blocked = _overlapped_starts(both, 0.0, 0.0, 0.0, overlapped=True)
+    assert starts == [[0.0, 1.0, 3.0, 4.0, 5.0], [0.0, 2.0, 2.5, 3.5, 4.0]]  # nothing moves
+    assert blocked == [0.0, 0.0]
 
 
 def test_packed_sequences_first_fit_decreasing_by_hand():

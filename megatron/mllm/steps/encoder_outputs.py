@@ -13,9 +13,10 @@ all-to-all). Neither needs the step to stand still:
   using them has run its backward, so their exchange back can run beside the remaining local
   microbatches.
 
-The step therefore runs its microbatches in three groups (:func:`overlap_order`): the first
-half of the local ones while the outputs travel, then those that need other ranks' rows, then
-the rest of the local ones while the gradients travel back. Every microbatch computes what it
+The step therefore runs its microbatches in three groups (``orchestration.microbatches.
+overlap_order`` over ``IterationPlan.home_samples``): the first half of the local ones while the
+outputs travel, then those that need other ranks' rows, then the rest of the local ones while
+the gradients travel back. Every microbatch computes what it
 computed before; only the order in which gradients accumulate changes. On a GPU the
 exchanges run on NCCL's stream beside the kernels; on gloo in its worker thread, and a rank
 that arrives early computes instead of waiting for the slowest.
@@ -23,7 +24,6 @@ that arrives early computes instead of waiting for the slowest.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -33,19 +33,6 @@ import torch
 
 from orchestration.dispatcher import Dispatcher, PendingExchange
 from orchestration.packed_exchange import with_home
-
-
-def overlap_order(is_local: Sequence[bool]) -> tuple[list[int], list[int], list[int]]:
-    """The microbatches (their indices) in three groups: the first half of the local ones, those
-    needing other ranks' rows, the other local ones; each group keeps the given order.
-
-    The first group hides the outputs' exchange, the last the gradients' (as long as each,
-    since both move the same rows); with an odd count the first group gets the extra one.
-    """
-    local = [i for i, flag in enumerate(is_local) if flag]
-    remote = [i for i, flag in enumerate(is_local) if not flag]
-    half = math.ceil(len(local) / 2)
-    return local[:half], remote, local[half:]
 
 
 @dataclass
@@ -131,14 +118,6 @@ class EncoderOutputs:
         if rows.size and (rows.min() < start or rows.max() >= stop):
             return None
         return rows - start
-
-    def is_local(self, samples: Sequence[int]) -> bool:
-        """Whether every encoder row of these samples stayed home."""
-        return all(
-            self._home_rows(enc, self.arrival_rows(enc, s)) is not None
-            for enc in self.sent
-            for s in samples
-        )
 
     def rows(self, enc: str, samples: Sequence[int]) -> torch.Tensor:
         """The encoder rows of ``samples``, in their order (destination order within each):

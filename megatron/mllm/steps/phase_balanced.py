@@ -47,13 +47,14 @@ from megatron.mllm.batch import (
 )
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
-from megatron.mllm.steps.encoder_outputs import EncoderOutputs, overlap_order
+from megatron.mllm.steps.encoder_outputs import EncoderOutputs
 from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_feedback import CostFeedback, Measured
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
+from orchestration.microbatches import overlap_order
 from orchestration.phase_plan import IterationPlan, plan_iteration
 from orchestration.robust_fit import FitConfig
 
@@ -237,7 +238,8 @@ class PhaseBalancedStep(BalancedStep):
                 )
             stats.num_microbatches = mb_plan.num_microbatches
             chosen = [[samples[j] for j in mb] for mb in mb_plan.microbatches]
-            groups = overlap_order([outputs.is_local([s for s, _, _ in c]) for c in chosen])
+            home = plan.home_samples(me)
+            groups = overlap_order([all(s in home for s, _, _ in c) for c in chosen])
             total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
             start, blocked, back, i = self.clock.now(), 0.0, None, 0
             with self.timers.span("llm-microbatches"):
