@@ -46,9 +46,6 @@ class EncoderOutputs:
     dispatcher: Dispatcher
     """Where the exchanges run."""
 
-    counts: dict[str, np.ndarray]
-    """Per encoder, the ``[world, world]`` rows of its outputs' route (every rank's)."""
-
     sent: dict[str, torch.Tensor]
     """Per encoder, the rows this rank computed, in send order (in the encoder's graph)."""
 
@@ -83,12 +80,11 @@ class EncoderOutputs:
             requires_grad: whether the leaves get gradients (not in a forward-only step).
         """
         me = dispatcher.rank
-        sent, parts, counts, sample_rows = {}, [], {}, {}
+        sent, parts, sample_rows = {}, [], {}
         for enc, rows in hidden.items():
             route = plan.to_llm[enc]
             sent[enc] = dispatcher.send_rows(route, rows, lens[enc])
-            counts[enc] = route.rows_matrix()
-            parts.append((sent[enc].detach(), counts[enc]))
+            parts.append((sent[enc].detach(), route.rows_matrix()))
             arrivals = plan.encoder_arrivals(enc, me)
             sample_rows[enc] = (arrivals.order, arrivals.sample_rows)
         pending = dispatcher.start_exchange(parts, label="encoder outputs")
@@ -96,13 +92,17 @@ class EncoderOutputs:
             enc: pending.layout.home(p, sent[enc]).detach().requires_grad_(requires_grad)
             for p, enc in enumerate(sent)
         }
-        return cls(dispatcher, counts, sent, home, pending, sample_rows)
+        return cls(dispatcher, sent, home, pending, sample_rows)
+
+    def _part(self, enc: str) -> int:
+        """``enc``'s part in the exchanges."""
+        return list(self.sent).index(enc)
 
     def home_range(self, enc: str) -> tuple[int, int]:
         """Arrival-order rows of ``enc``'s home block: ``[start, stop)``."""
-        me = self.dispatcher.rank
-        start = int(self.counts[enc][:me, me].sum())
-        return start, start + int(self.counts[enc][me, me])
+        layout, p = self.pending.layout, self._part(enc)
+        start = layout.home_offset(p)
+        return start, start + layout.home_span(p)[1]
 
     def arrival_rows(self, enc: str, sample: int) -> np.ndarray:
         """Arrival-order rows of one sample's outputs of ``enc`` (empty if it has none)."""
@@ -149,7 +149,7 @@ class EncoderOutputs:
         of them are complete once the microbatches needing other ranks' rows have run)."""
         parts = []
         for enc, leaf in self.remote.items():
-            back = self.counts[enc].T.copy()
+            back = self.pending.layout.counts[self._part(enc)].T.copy()
             np.fill_diagonal(back, 0)  # the home rows' gradients are here already
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             parts.append((g, back))

@@ -18,11 +18,14 @@ encoders (each collective costs a latency on every rank, however little it carri
    all-to-all, and each encoder's backward runs on its worker; finally megatron-core's
    ``finalize_model_grads``.
 
+Hops 3 and 4 run beside the LLM microbatches whose samples need no other rank's encoder
+outputs (``encoder_outputs``: the rows computed for this rank's own samples never travel).
 Every rank joins every collective, even with no units of a modality; an exchange in which every
 plan kept its rows at home is skipped by all ranks alike. Encoder outputs of all microbatches
-are held as one leaf tensor per encoder, so the backward exchange runs once per iteration, not
-once per microbatch (ranks may have different numbers of microbatches). Moving work never
-changes what is learned: the loss is normalised by the global number of loss tokens.
+are held as leaf tensors per encoder (the rows kept home, the rows from other ranks), so the
+backward exchange runs once per iteration, not once per microbatch (ranks may have different
+numbers of microbatches). Moving work never changes what is learned: the loss is normalised by
+the global number of loss tokens.
 """
 
 from __future__ import annotations
