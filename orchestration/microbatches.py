@@ -128,15 +128,19 @@ def _fill_empty(bins: np.ndarray, costs: np.ndarray, m: int) -> np.ndarray:
     return bins
 
 
-def overlap_order(is_local: Sequence[bool]) -> tuple[list[int], list[int], list[int]]:
+def overlap_order(is_local: Sequence[bool],
+                  overlap: bool = True) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
     """The order a per-phase balanced step runs its LLM microbatches in (their indices), as
     three groups: the first half of the *local* ones (every encoder row computed on this rank),
     those needing other ranks' rows, the other local ones; each group keeps the given order.
 
     The first group runs while the encoder outputs' exchange does, the last while their
     gradients go back (as long as each, since both move the same rows); with an odd count the
-    first group gets the extra one.
+    first group gets the extra one. Without ``overlap`` (``--no-overlap-exchanges``) every
+    microbatch is in the middle group, in the given order.
     """
+    if not overlap:
+        return [], list(range(len(is_local))), []
     local = [i for i, flag in enumerate(is_local) if flag]
     remote = [i for i, flag in enumerate(is_local) if not flag]
     half = math.ceil(len(local) / 2)

@@ -150,6 +150,14 @@ class PostBalanceConfig:
     gathered one iteration early, with the plan digest riding on that gather);
     --no-plan-ahead plans every iteration at the start of its step."""
 
+    overlap_exchanges: bool = field(
+        default=True, metadata={"argparse_meta": {"arg_names": ["--no-overlap-exchanges"]}}
+    )
+    """PP = 1: run the encoder outputs' exchange and their gradients' beside the LLM
+    microbatches that need no other rank's outputs (those run first, then the others, then
+    the rest of the first); --no-overlap-exchanges waits for each exchange where it starts and
+    runs the microbatches in the planner's order."""
+
     cost_fit: bool = field(
         default=True, metadata={"argparse_meta": {"arg_names": ["--no-cost-fit"]}}
     )

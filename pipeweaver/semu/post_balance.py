@@ -80,6 +80,10 @@ class PostBalanceSetup:
     node_wise: bool = False
     """``--node-wise-a2a``: the three-hop exchange (one message per node pair)."""
 
+    overlap: bool = True
+    """PP = 1: the encoder outputs' exchanges run beside the LLM microbatches
+    (``--no-overlap-exchanges``: False)."""
+
     exchange: ExchangeCost | None = None
     """The gain-versus-exchange check of the per-phase plan (:func:`link_exchange_cost`):
     a phase keeps the ordinary assignment when moving its data costs more than balancing
@@ -259,7 +263,7 @@ def phase_balanced_batches(
         # The trainer's order: microbatches needing no other rank's encoder outputs around
         # those that do, so that the exchanges run beside them.
         home = plan.home_samples(d)
-        order = overlap_order([all(s in home for s in mb) for mb in groups])
+        order = overlap_order([all(s in home for s in mb) for mb in groups], setup.overlap)
         groups = [groups[i] for part in order for i in part]
         overlap.append(tuple(len(part) for part in order))
         metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]

@@ -75,6 +75,7 @@ def world2(tmp_path_factory, references, workload_dir):
         "dp2": [],
         "tp2": ["--tensor-model-parallel-size", "2"],
         "dp2-balanced": BALANCED,
+        "dp2-balanced-no-overlap": [*BALANCED, "--no-overlap-exchanges"],
         "pp2-1f1b": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b"],
         "pp2-interleaved": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
                             "interleaved", "--llm-chunks-per-stage", "2"],  # fmt: skip

@@ -17,6 +17,7 @@ def test_overlap_order_puts_remote_microbatches_between_the_halves_of_the_local_
     assert overlap_order([False, False]) == ([], [0, 1], [])
     assert overlap_order([True]) == ([0], [], [])
     assert overlap_order([]) == ([], [], [])
+    assert overlap_order([True, False, True], overlap=False) == ([], [0, 1, 2], [])
     # Every microbatch runs exactly once.
     flags = [i % 3 == 0 for i in range(11)]
     assert sorted(i for g in overlap_order(flags) for i in g) == list(range(11))

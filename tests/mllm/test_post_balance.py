@@ -17,7 +17,13 @@ pytestmark = pytest.mark.multiproc
 
 @pytest.mark.parametrize(
     "run",
-    ["dp2-balanced", "dp4-kk-node-wise", "dp2-pp2-whole-samples", "dp2-pp2-whole-samples-dynamic"],
+    [
+        "dp2-balanced",
+        "dp2-balanced-no-overlap",
+        "dp4-kk-node-wise",
+        "dp2-pp2-whole-samples",
+        "dp2-pp2-whole-samples-dynamic",
+    ],
 )
 def test_balanced_runs_learn_what_one_process_learns(run, world2, world4, reference):
     assert_equivalent({**world2, **world4}[run], reference)

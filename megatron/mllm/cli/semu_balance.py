@@ -133,6 +133,7 @@ def setup_of(loaded) -> PostBalanceSetup:
         caps=b.token_caps,
         gpus_per_node=group_ranks_per_node(dp_ranks, b.gpus_per_node) or 1,
         node_wise=b.node_wise_a2a,
+        overlap=b.overlap_exchanges,
     )
 
 

@@ -242,7 +242,8 @@ class PhaseBalancedStep(BalancedStep):
             stats.num_microbatches = mb_plan.num_microbatches
             chosen = [[samples[j] for j in mb] for mb in mb_plan.microbatches]
             home = plan.home_samples(me)
-            groups = overlap_order([all(s in home for s, _, _ in c) for c in chosen])
+            groups = overlap_order([all(s in home for s, _, _ in c) for c in chosen],
+                                   self.balance.overlap_exchanges)  # fmt: skip
             total_tokens = torch.zeros([], dtype=torch.int, device=self.device)
             start, blocked, back, i = self.clock.now(), 0.0, None, 0
             with self.timers.span("llm-microbatches"):
