@@ -27,8 +27,8 @@ Beside the measured ratio, two ideals:
   slowest one; a perfect balance would remove the mean rank's wait:
   ``T / (T - mean_r wait_r)``, summed over the iterations;
 * **from the clock, less the host's noise**: not every wait is the data's. Each pair also runs
-  the same alternation on a workload whose every sample is one typical sample of the tested
-  one (a JSONL file of copies of its median-FLOPs sample), where every rank has the same work:
+  the same alternation on a workload in which every rank loads, every iteration, DP rank 0's
+  first batch of the tested one (:func:`alike_workload`), so every rank has the same work:
   what Megatron's step still waits there, as a share of its time, is the host's noise, which
   no balance removes. The ideal counts only the waits above that share.
 
@@ -85,9 +85,9 @@ def megatron_rank_samples(gen, iteration: int, dp: int, mbs: int, num_mb: int):
     ]
 
 
-def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
-                extra: list[str]) -> tuple[float, str]:  # fmt: skip
-    """Megatron's over the balanced predicted step time, summed over the iterations."""
+def main_job_stream(workload: str, dp: int, extra: list[str]):
+    """The main job's model (SEMU's spec, with ``extra`` trainer flags) and its sample stream
+    of ``workload``."""
     config_files = quiet_config_files()
     flags = [*config_files.set_flags({"workload": workload}), *map(shlex.quote, extra)]
     spec = config_files.load_run_config("cpu-main", [" ".join(flags)], world_size=dp).semu
@@ -95,6 +95,14 @@ def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
     gen = WorkloadGenerator(
         WorkloadSpec.load(workload), seed=t.workload_seed, token_scale=t.workload_token_scale
     )
+    return spec, gen
+
+
+def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
+                extra: list[str]) -> tuple[float, str]:  # fmt: skip
+    """Megatron's over the balanced predicted step time, summed over the iterations."""
+    spec, gen = main_job_stream(workload, dp, extra)
+    t = spec.training
     cost = CostModel.build(spec.shape, Calibration.load(calibration) if calibration else None)
     mbs = t.micro_batch_size
     num_mb = t.global_batch_size // (mbs * dp)
@@ -109,20 +117,22 @@ def ideal_ratio(workload: str, iters: int, dp: int, calibration: str | None,
 
 
 def alike_workload(workload: str, dp: int, extra: list[str], path: Path) -> Path:
-    """A JSONL workload of copies of ``workload``'s median-FLOPs sample (among the first 256 of
-    its stream, at the main job's token scale): every rank gets the same work."""
-    config_files = quiet_config_files()
-    flags = [*config_files.set_flags({"workload": workload}), *map(shlex.quote, extra)]
-    spec = config_files.load_run_config("cpu-main", [" ".join(flags)], world_size=dp).semu
+    """A JSONL workload (one global batch, cycled) in which every DP rank loads, every
+    iteration, the samples DP rank 0 loads in ``workload``'s first iteration: the ranks' work is
+    the same, and each rank's batch is a real one (its mix of modalities and lengths)."""
+    spec, gen = main_job_stream(workload, dp, extra)
     t = spec.training
-    gen = WorkloadGenerator(
-        WorkloadSpec.load(workload), seed=t.workload_seed, token_scale=t.workload_token_scale
-    )
-    samples = [gen.sample(k) for k in range(256)]
-    flops = [sum(spec.shape.sample_phase_flops(s).values()) for s in samples]
-    typical = samples[int(np.argsort(flops)[len(flops) // 2])]
+    mbs = t.micro_batch_size
+    num_mb = t.global_batch_size // (mbs * dp)
+    rank0 = microbatch_indices(0, 0, dp, mbs, num_mb)
+    alike = [None] * t.global_batch_size
+    for r in range(dp):
+        for m, indices in enumerate(microbatch_indices(0, r, dp, mbs, num_mb)):
+            for j, k in enumerate(indices):
+                alike[k] = gen.sample(rank0[m][j])
     with open(path, "w", encoding="utf-8") as f:
-        write_jsonl((dataclasses.replace(typical, sample_id=f"alike-{k}") for k in range(64)), f)
+        write_jsonl((dataclasses.replace(s, sample_id=f"alike-{k}") for k, s in enumerate(alike)),
+                    f)  # fmt: skip
     return path
 
 
