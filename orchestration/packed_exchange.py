@@ -24,6 +24,7 @@ Pure tensor bookkeeping: the collective itself is the dispatcher's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -67,14 +68,16 @@ class PackedLayout:
     def world(self) -> int:
         return self.counts[0].shape[0] if self.counts else 0
 
-    @property
+    @cached_property
     def byte_counts(self) -> np.ndarray:
         """``[world, world]`` bytes that cross ranks, from each source to each destination (a
-        zero diagonal: home blocks stay)."""
+        zero diagonal: home blocks stay). Computed once: an exchange asks for it several times,
+        and at thousands of ranks it is a large matrix."""
         total = np.zeros((self.world, self.world), dtype=np.int64)
         for c, rb in zip(self.counts, self.row_bytes):
             total += c * rb
         np.fill_diagonal(total, 0)
+        total.flags.writeable = False  # shared by every caller
         return total
 
     @property
