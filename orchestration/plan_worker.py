@@ -16,6 +16,9 @@ planners only. It runs one :class:`~orchestration.plan_job.PlanJob` at a time an
 reads only its own job's answer (an answer to a job it dropped is skipped), every wait is
 bounded, and a worker that died is one error naming the rank and how it ended.
 
+The dynamic pipeline's schedule search runs in such a worker too, for the same reason
+(``pipeweaver.search.batch_search.SearchInWorker``, whose jobs keep the searcher resident).
+
 This module is imported by the worker: it must import nothing heavy at module level.
 """
 
@@ -40,11 +43,17 @@ class PlanWorkerTimeout(PlanError):
 class PlanWorker:
     """One planning process, one job at a time (see the module docstring)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, role: str = "planning worker",
+                 hint: str = "--no-plan-ahead plans in the step"):  # fmt: skip
         """Args:
         name: who the worker plans for, as errors name it (e.g. ``rank 3``).
+        role: what the worker is, as errors name it (the schedule search's is a ``search
+            worker``: ``pipeweaver.search.batch_search``).
+        hint: how to run without the worker, as the error of its death says.
         """
         self.name = name
+        self.role = role
+        self.hint = hint
         self.process, self.tasks, self.results = launch(_WORKER, worker_env())
         self._lock = threading.Lock()
         self._next_id = 0
@@ -78,8 +87,8 @@ class PlanWorker:
 
     def _lost(self) -> str:
         return (
-            f"the planning worker of {self.name} (pid {self.process.pid}) died "
-            f"({exit_status(self)}); --no-plan-ahead plans in the step"
+            f"the {self.role} of {self.name} (pid {self.process.pid}) died "
+            f"({exit_status(self)}); {self.hint}"
         )
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.mllm.steps.schedule_ahead import SearchedSchedules, semu_microbatch
-from megatron.mllm.steps.schedule_wire import SearchOutcome, decode, encode
+from megatron.mllm.steps.schedule_wire import decode, encode
 from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
 from orchestration.metadata import PlanError
 from pipeweaver.checker import check
@@ -24,6 +24,7 @@ from pipeweaver.fuzz import random_valid_schedule
 from pipeweaver.interleave import greedy_dual_queue
 from pipeweaver.ir import Compute, Memory, ScheduleError
 from pipeweaver.placement import Placement
+from pipeweaver.search.batch_search import SearchOutcome
 
 
 @dataclass
@@ -199,12 +200,12 @@ def test_the_equivalence_runs_memory_limit_makes_the_search_recompute():
     from equivalence import TINY
 
     from megatron.mllm.config_files import run_from_flags
-    from megatron.mllm.steps.schedule_ahead import TrainerSearch, search_budget_ms
+    from megatron.mllm.steps.schedule_ahead import search_budget_ms, trainer_search
     from pipeweaver.semu.scenario import build_step
 
     limit = forcing_memory_limit_gb()
     loaded = run_from_flags([*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}"], 2)
-    search = TrainerSearch(loaded.run, loaded.model, 2, None, search_budget_ms(loaded.run)[0])
+    search = trainer_search(loaded.run, loaded.model, 2, None, search_budget_ms(loaded.run)[0])
     schedules, mbs, _ = build_step(
         loaded.semu, search.semu.cluster, schedule="dynamic", pad=False, iteration=0
     )
@@ -266,7 +267,7 @@ def test_search_workers_are_capped_and_plan_what_the_same_waves_plan_in_process(
 
     from megatron.mllm.arguments import ConfigError
     from megatron.mllm.config_files import run_from_flags
-    from megatron.mllm.steps.schedule_ahead import TrainerSearch
+    from megatron.mllm.steps.schedule_ahead import trainer_search
     from pipeweaver.semu.scenario import build_step
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -278,7 +279,7 @@ def test_search_workers_are_capped_and_plan_what_the_same_waves_plan_in_process(
     flags = [*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}",
              "--schedule-search-workers", "2"]  # fmt: skip
     loaded = run_from_flags(flags, 2)
-    searches = [TrainerSearch(loaded.run, loaded.model, 2, None, 60_000.0) for _ in range(2)]
+    searches = [trainer_search(loaded.run, loaded.model, 2, None, 60_000.0) for _ in range(2)]
     schedules, mbs, _ = build_step(
         loaded.semu, searches[0].semu.cluster, schedule="dynamic", pad=False, iteration=0
     )
@@ -292,3 +293,64 @@ def test_search_workers_are_capped_and_plan_what_the_same_waves_plan_in_process(
     assert pooled.schedule.actions == in_process.schedule.actions
     assert (pooled.rollouts, pooled.predicted_s) == (in_process.rollouts, in_process.predicted_s)
     assert pooled.rollouts == loaded.run.pipeline.schedule_search_rollouts + 1
+
+
+def test_the_search_runs_in_its_own_process_and_finds_what_it_finds_in_the_trainers(monkeypatch):
+    """The trainer's search runs in a worker process of its own (no interpreter lock shared
+    with the step): batch after batch, under a memory limit, it returns exactly what the same
+    search returns in this process (or raises the same error for a batch over the limit),
+    while a search in this process would fail; a worker that dies is one PlanError naming the
+    rank and how it ended."""
+    import signal
+
+    from conftest import DYNAMIC, forcing_memory_limit_gb
+    from equivalence import TINY
+
+    from megatron.mllm.config_files import run_from_flags
+    from megatron.mllm.steps.schedule_ahead import trainer_search
+    from pipeweaver.search.batch_search import BatchSearch, SearchInWorker
+    from pipeweaver.semu.scenario import build_step
+
+    limit = forcing_memory_limit_gb()
+    loaded = run_from_flags([*TINY, *DYNAMIC, "--pipeline-memory-limit-gb", f"{limit:.9f}"], 2)
+    search = trainer_search(loaded.run, loaded.model, 2, None, 60_000.0)
+    batches = []
+    for it in range(3):
+        schedules, mbs, _ = build_step(
+            loaded.semu, search.semu.cluster, schedule="dynamic", pad=False, iteration=it
+        )
+        batches.append((schedules[0].placement, schedules[0].structure, mbs[0]))
+
+    def outcome(searcher, batch):
+        try:
+            return searcher(*batch)
+        except ScheduleError as e:
+            return str(e)
+
+    expected = [outcome(search, batch) for batch in batches]
+    assert isinstance(expected[1], str) and not isinstance(expected[0], str)  # both kinds
+    remote = SearchInWorker(search, "rank 0", 60.0)
+    assert remote.budget_ms == 60_000.0 and remote.pid is None
+    monkeypatch.setattr(BatchSearch, "__call__", lambda *_: pytest.fail("searched in the step"))
+    try:
+        got = [outcome(remote, batch) for batch in batches]
+        assert remote.pid is not None and remote.pid != os.getpid()
+        for a, b in zip(got, expected, strict=True):
+            if isinstance(b, str):
+                assert a == b
+                continue
+            assert a.schedule.actions == b.schedule.actions
+            assert (a.rollouts, a.predicted_s, a.greedy_s) == (
+                b.rollouts,
+                b.predicted_s,
+                b.greedy_s,
+            )
+        assert any(a.memory is Memory.RECOMPUTE for r in got[0].schedule.actions for a in r
+                   if isinstance(a, Compute))  # fmt: skip
+        os.kill(remote.pid, signal.SIGKILL)
+        with pytest.raises(PlanError, match=r"^the search worker of rank 0 \(pid \d+\) died "
+                           r"\(killed by signal 9\); --schedule-search-budget-ms 0"):  # fmt: skip
+            remote(*batches[0])
+    finally:
+        remote.close()
+    assert remote.pid is None

@@ -37,7 +37,7 @@ from megatron.mllm.pipeline import (
 from megatron.mllm.steps.base import BalanceStats, PackedStep, TrainingStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
-from megatron.mllm.steps.schedule_ahead import SearchedSchedules, TrainerSearch, search_budget_ms
+from megatron.mllm.steps.schedule_ahead import SearchedSchedules, search_budget_ms, trainer_search
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
@@ -46,6 +46,7 @@ from orchestration.measured_guard import MeasuredGuard
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
+from pipeweaver.search.batch_search import SearchInWorker
 from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import pack_microbatch
 
@@ -185,7 +186,11 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
                         calibration):  # fmt: skip
     """The dynamic pipeline's searched schedules: planned by each pipeline's first stage,
     broadcast to the others (``megatron.mllm.steps.schedule_ahead``)."""
-    search = TrainerSearch(run, mllm, torch.distributed.get_world_size(), calibration, budget_ms)
+    search = trainer_search(run, mllm, torch.distributed.get_world_size(), calibration, budget_ms)
+    # The search runs in a process of its own (started by the first search, on the stage that
+    # plans): a thread would share the step's interpreter lock.
+    in_worker = SearchInWorker(search, f"rank {torch.distributed.get_rank()}",
+                               run.distributed_timeout.total_seconds())  # fmt: skip
     encoders = list(mllm.encoders)
 
     def to_semu(samples):
@@ -197,7 +202,7 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
 
     interval = run.pipeline.schedule_search_guard_interval
     schedules = SearchedSchedules(
-        search, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
+        in_worker, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
         guard=MeasuredGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
         # Greedy alone is the same on every stage; under a memory limit the fallback also runs

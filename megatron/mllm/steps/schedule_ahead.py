@@ -14,8 +14,11 @@ dual-queue rule alone. Who searches, and when:
   the stages to agree on whether it was met.
 * **one batch ahead.** Megatron's data order is known ahead: the loader hands the step the next
   iteration's samples (``GlobalBatch.next_microbatches``), and the planner starts the next
-  search in one background thread as soon as this iteration's schedule is out. The search is
-  pure Python/numpy; it needs no process group.
+  search as soon as this iteration's schedule is out. A background thread packs the samples
+  and hands them to the search's own process
+  (:class:`~pipeweaver.search.batch_search.SearchInWorker`), where the pure Python/numpy search
+  runs without the step's interpreter lock; the thread waits on a pipe. The search needs no
+  process group.
 * **a deadline.** When the step needs its schedule and the search made ahead has not finished,
   the step does not wait: it runs the greedy order, and the log line says so (``greedy
   (search missed its deadline)``). Without a search made ahead (the first iteration, a resume,
@@ -46,7 +49,6 @@ from megatron.mllm.steps.schedule_wire import (
     LOCAL_UNTIL_WORD,
     SOURCES,
     ScheduleRecord,
-    SearchOutcome,
     decode,
     encode,
     words_length,
@@ -57,6 +59,7 @@ from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.ir import Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.batch_search import BatchSearch, SearchOutcome
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch
 
 SearchFn = Callable[[Placement, MicrobatchStructure, Sequence[MicrobatchMeta]], SearchOutcome]
@@ -316,145 +319,37 @@ def search_budget_ms(run) -> tuple[float, str]:
     )
 
 
-class TrainerSearch:
-    """The run's searcher (a :data:`SearchFn`) and its fallback, both bound to SEMU of this
-    run's model, cluster and calibration (``--cost-calibration``).
+def trainer_search(run, mllm, world_size: int, calibration, budget_ms: float) -> BatchSearch:
+    """The run's searcher (:class:`~pipeweaver.search.batch_search.BatchSearch`), bound to SEMU
+    of this run's model, cluster and calibration (``--cost-calibration``):
+    ``--schedule-search-rollouts`` rollouts seeded by ``--seed``, stopped at ``budget_ms``
+    (:func:`search_budget_ms`), ``--schedule-search-workers`` scoring processes, under
+    ``--pipeline-memory-limit-gb`` or the GPU's memory.
 
-    The search is MCTS over segment priorities (``pipeweaver.search.mcts``):
-    ``--schedule-search-rollouts`` rollouts seeded by ``--seed``, stopped at
-    ``--schedule-search-budget-ms``, each rollout ordered by phase 2 and scored by SEMU. Under a
-    memory limit (``--pipeline-memory-limit-gb``, or a GPU's memory) phase 2 keeps every order
-    within the limit as if every pair were recomputed, so that phase 3 can always fit it; phase
-    3's ILP (``pipeweaver.search.memory_plan``) then chooses which pairs keep their activations,
-    once, on the best order (one ILP per rollout would leave the search a few rollouts). The
-    order the run has without the search (greedy on FLOP durations, within the limit) is
-    always scored too, and the faster of the two by SEMU runs: the search is never predicted
-    to lose to greedy. With ``--schedule-search-workers N`` > 1, N processes (started at the
-    first search, stopped by :meth:`close`) score each wave of the search.
-    """
-
-    def __init__(self, run, mllm, world_size: int, calibration, budget_ms: float):
-        """Args:
+    Args:
         run: the :class:`~megatron.mllm.run_config.RunConfig`.
         mllm: its model.
         world_size: processes of the run (SEMU's cluster).
         calibration: the run's :class:`~orchestration.calibration.Calibration`, or None.
         budget_ms: the search's time budget per batch (:func:`search_budget_ms`).
-        """
-        from megatron.mllm.config_files import semu_model_spec
-        from megatron.mllm.prediction import run_cluster
-        from pipeweaver.semu.simulator import Semu
+    """
+    from megatron.mllm.config_files import semu_model_spec
+    from megatron.mllm.prediction import run_cluster
+    from pipeweaver.semu.simulator import Semu
 
-        cluster = run_cluster(world_size, run.balance.gpus_per_node)
-        spec = semu_model_spec(run, mllm)
-        self.semu = Semu(spec, cluster, calibration)
-        # The fallback runs in the step while a search may still run in the background: its
-        # own SEMU, so that the two never share caches.
-        self.fallback_semu = Semu(spec, cluster, calibration)
-        self.shape = mllm.shape()
-        p = run.pipeline
-        self.rollouts = p.schedule_search_rollouts
-        self.workers = p.schedule_search_workers
-        self.timeout_s = run.distributed_timeout.total_seconds()
-        self._pool = None
-        self.budget_ms = budget_ms
-        self.seed = run.seed
-        self.memory = Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE
-        self.limit_gb = p.pipeline_memory_limit_gb
-        self.device_bytes = None if cluster.device.name == "cpu" else cluster.device.hbm_bytes
-
-    @property
-    def unlimited(self) -> bool:
-        """Whether no memory limit applies (no flag, no GPU): greedy then needs no ILP."""
-        return self.limit_gb is None and self.device_bytes is None
-
-    def limits(self, placement: Placement) -> list[float | None] | None:
-        """Per stage, the activation bytes allowed (None: no limit)."""
-        from pipeweaver.search.memory_limit import memory_limit_bytes
-
-        limits = memory_limit_bytes(
-            self.device_bytes, self.semu.static_bytes(placement), self.limit_gb
-        )
-        return limits if any(x is not None for x in limits) else None
-
-    def _limited(self, semu, placement, microbatches, limits) -> dict:
-        """Phase 2's options under ``limits``: every order fits with every pair recomputed."""
-        return {
-            "memory_limit": limits,
-            "activation_bytes": semu.activation_bytes(placement, microbatches, Memory.RECOMPUTE),
-        }
-
-    def _fit(self, semu, schedule: Schedule, placement, microbatches, limits) -> Schedule:
-        """Phase 3: the memory strategy of every pair of ``schedule``'s order."""
-        from pipeweaver.search.memory_plan import StrategyCosts, plan_memory
-
-        costs = StrategyCosts.from_semu(semu, placement, microbatches)
-        return plan_memory(schedule, costs, limits).schedule
-
-    def _time(self, schedule: Schedule, microbatches) -> float:
-        return self.semu.simulate_pipeline(schedule, microbatches, record_events=False).makespan
-
-    def __call__(self, placement: Placement, structure: MicrobatchStructure,
-                 microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
-        from pipeweaver.search.mcts import OrderEvaluator, search_schedule
-
-        start = time.perf_counter()
-        limits = self.limits(placement)
-        options = {"memory": self.memory}
-        if limits is not None:
-            options.update(self._limited(self.semu, placement, microbatches, limits))
-        evaluator = OrderEvaluator(placement, structure, microbatches, self.semu, **options)
-        if self.workers > 1 and self._pool is None:
-            from pipeweaver.search.search_pool import SearchPool
-
-            self._pool = SearchPool(self.workers, timeout_s=self.timeout_s)
-        result = search_schedule(
-            placement, structure, microbatches, None, rollouts=self.rollouts, seed=self.seed,
-            budget_ms=self.budget_ms, evaluator=evaluator, workers=self.workers,
-            pool=self._pool,
-        )  # fmt: skip
-        best = result.schedule
-        if limits is not None:
-            best = self._fit(self.semu, best, placement, microbatches, limits)
-        # The order the run would have without the search (FLOP durations) is a candidate
-        # too: the search starts from phase 2 on SEMU's durations, which SEMU may predict
-        # slower, and the step must never be predicted slower than without the search.
-        greedy = self._greedy(self.semu, placement, structure, microbatches)
-        best_s, greedy_s = self._time(best, microbatches), self._time(greedy, microbatches)
-        if greedy_s <= best_s:
-            best, best_s = greedy, greedy_s
-        return SearchOutcome(best, result.rollouts, best_s, greedy_s,
-                             time.perf_counter() - start)  # fmt: skip
-
-    def greedy_outcome(self, placement: Placement, structure: MicrobatchStructure,
-                       microbatches: Sequence[MicrobatchMeta]) -> SearchOutcome:  # fmt: skip
-        """The greedy order and SEMU's time of it, searched nothing: what a batch the search
-        guard keeps off the search runs (its time is the guard's yardstick)."""
-        start = time.perf_counter()
-        schedule = self._greedy(self.semu, placement, structure, microbatches)
-        greedy_s = self._time(schedule, microbatches)
-        return SearchOutcome(schedule, 0, greedy_s, greedy_s, time.perf_counter() - start)
-
-    def close(self) -> None:
-        """Stop the search's worker processes (a later search starts them again)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
-
-    def fallback(self, placement: Placement, structure: MicrobatchStructure,
-                 microbatches: Sequence[MicrobatchMeta]) -> Schedule:  # fmt: skip
-        """The greedy order (FLOP durations, as without the search), within the memory limit
-        when there is one; what a step whose search missed its deadline runs."""
-        return self._greedy(self.fallback_semu, placement, structure, microbatches)
-
-    def _greedy(self, semu, placement, structure, microbatches) -> Schedule:
-        from pipeweaver.interleave import flops_durations, greedy_dual_queue
-
-        limits = self.limits(placement)
-        options = {} if limits is None else self._limited(semu, placement, microbatches, limits)
-        durations = flops_durations(self.shape, placement, microbatches)
-        schedule = greedy_dual_queue(placement, structure, durations, memory=self.memory,
-                                     **options)  # fmt: skip
-        if limits is None:
-            return schedule
-        return self._fit(semu, schedule, placement, microbatches, limits)
+    cluster = run_cluster(world_size, run.balance.gpus_per_node)
+    spec = semu_model_spec(run, mllm)
+    p = run.pipeline
+    return BatchSearch(
+        semu=Semu(spec, cluster, calibration),
+        fallback_semu=Semu(spec, cluster, calibration),
+        shape=mllm.shape(),
+        rollouts=p.schedule_search_rollouts,
+        budget_ms=budget_ms,
+        seed=run.seed,
+        workers=p.schedule_search_workers,
+        timeout_s=run.distributed_timeout.total_seconds(),
+        memory=Memory.RECOMPUTE if p.pipeline_recompute == "all" else Memory.NONE,
+        limit_gb=p.pipeline_memory_limit_gb,
+        device_bytes=None if cluster.device.name == "cpu" else cluster.device.hbm_bytes,
+    )

@@ -20,6 +20,7 @@ from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.lowering import lower
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
+from pipeweaver.search.batch_search import SearchOutcome
 
 MEMORY_CODES: tuple[Memory, ...] = (
     Memory.NONE,
@@ -57,26 +58,6 @@ guard's gain in ppm, and the step before which every stage orders its own batche
 
 LOCAL_UNTIL_WORD = 6
 """The header word that opens a window of steps ordered on every stage (0: none)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SearchOutcome:
-    """What one search produced."""
-
-    schedule: Schedule
-    """The schedule (lowered; its computes carry their memory strategies)."""
-
-    rollouts: int
-    """Rollouts the search ran."""
-
-    predicted_s: float
-    """SEMU's step time of :attr:`schedule`."""
-
-    greedy_s: float
-    """SEMU's step time of the greedy order on the same batch."""
-
-    search_s: float
-    """Seconds the search took."""
 
 
 @dataclass(frozen=True, slots=True)
