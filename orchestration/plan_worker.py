@@ -44,17 +44,19 @@ class PlanWorker:
     """One planning process, one job at a time (see the module docstring)."""
 
     def __init__(self, name: str, role: str = "planning worker",
-                 hint: str = "--no-plan-ahead plans in the step"):  # fmt: skip
+                 hint: str = "--no-plan-ahead plans in the step", niceness: int = 0):  # fmt: skip
         """Args:
         name: who the worker plans for, as errors name it (e.g. ``rank 3``).
         role: what the worker is, as errors name it (the schedule search's is a ``search
             worker``: ``pipeweaver.search.batch_search``).
         hint: how to run without the worker, as the error of its death says.
+        niceness: how much lower than the step's the worker's scheduling priority is (0: the
+            same, as the balance plan needs: the step waits for it).
         """
         self.name = name
         self.role = role
         self.hint = hint
-        self.process, self.tasks, self.results = launch(_WORKER, worker_env())
+        self.process, self.tasks, self.results = launch(_WORKER, worker_env(), niceness)
         self._lock = threading.Lock()
         self._next_id = 0
         self._finalizer = weakref.finalize(self, stop, [self])

@@ -44,9 +44,13 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def launch(code: str, env: dict[str, str]) -> tuple[subprocess.Popen, Connection, Connection]:
+def launch(
+    code: str, env: dict[str, str], niceness: int = 0
+) -> tuple[subprocess.Popen, Connection, Connection]:
     """Start ``python -c code`` with two pipes; return the process and the parent's ends (the
-    task writer, the result reader). ``code`` calls its serve loop with ``sys.argv[1:]``."""
+    task writer, the result reader). ``code`` calls its serve loop with ``sys.argv[1:]``.
+    ``niceness`` > 0 lowers the worker's scheduling priority by that much (its own workers
+    inherit it)."""
     task_r, task_w = os.pipe()
     result_r, result_w = os.pipe()
     try:
@@ -60,6 +64,11 @@ def launch(code: str, env: dict[str, str]) -> tuple[subprocess.Popen, Connection
         raise
     os.close(task_r)
     os.close(result_w)
+    if niceness > 0 and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, process.pid, niceness)
+        except OSError:  # a host that refuses: the worker runs at the parent's priority
+            pass
     return process, Connection(task_w, readable=False), Connection(result_r, writable=False)
 
 

@@ -500,6 +500,16 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         check_workers(args.schedule_search_workers, name="--schedule-search-workers")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    alt = args.schedule_search_alternate
+    if alt < 0:
+        raise ConfigError(f"--schedule-search-alternate must be >= 0 (0: off), got {alt}")
+    if alt and (args.pipeline_schedule != "dynamic" or not args.schedule_search_budget_ms):
+        raise ConfigError(
+            f"--schedule-search-alternate {alt} alternates the searched schedule with greedy's: "
+            "it needs --pipeline-schedule dynamic and --schedule-search-budget-ms > 0 (got "
+            f"--pipeline-schedule {args.pipeline_schedule}, --schedule-search-budget-ms "
+            f"{args.schedule_search_budget_ms})"
+        )
     if args.pipeline_memory_limit_gb is not None:
         if not args.pipeline_memory_limit_gb > 0:
             raise ConfigError(

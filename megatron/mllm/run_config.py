@@ -280,6 +280,15 @@ class PipelineConfig:
     stays on until the next probe only where it measured at least 1% faster than greedy. 0: no
     probe, the search runs on every batch (the schedules of every run are then the same)."""
 
+    schedule_search_alternate: int = 0
+    """dynamic, searched, for side-by-side measurement: alternate blocks of this many
+    iterations between the searched schedule and greedy's (nothing searched) for the whole run,
+    in place of the guard (tools/bench/pipeline_cpu.py runs two runs of opposite phase, so that
+    every batch runs once each way). 0: off."""
+
+    schedule_search_alternate_first: Literal["searched", "greedy"] = "searched"
+    """With --schedule-search-alternate, which order runs the first block."""
+
     pipeline_memory_limit_gb: float | None = None
     """dynamic: the memory one device may use (GiB, parameters, gradients and optimizer states
     included); the schedule search keeps every batch's activations within what is left, and

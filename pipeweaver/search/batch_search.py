@@ -197,6 +197,12 @@ class BatchSearch:
         return self._fit(semu, schedule, placement, microbatches, limits)
 
 
+SEARCH_NICENESS = 19
+"""The search worker's niceness: the lowest priority. A search that is late costs nothing (the
+step runs greedy's order and says so), while CPU it takes from a computing rank delays the
+step; at the lowest priority it runs on cores the ranks leave idle (their waits), and where a
+host has a core to spare, as a GPU host does, at full speed."""
+
 _RESIDENT: dict[int, BatchSearch] = {}
 """In a search worker: the searchers it holds, by their key (one per worker in the trainer).
 They stay between batches, so SEMU's caches serve every later batch (DIP's temporal reuse)."""
@@ -267,7 +273,7 @@ class SearchInWorker:
         start = time.perf_counter()
         searcher = None
         if self._worker is None:
-            self._worker = PlanWorker(self.name, role="search worker",
+            self._worker = PlanWorker(self.name, role="search worker", niceness=SEARCH_NICENESS,
                                       hint="--schedule-search-budget-ms 0 runs greedy")  # fmt: skip
             searcher = self.search
         job = _ResidentCall(id(self), "__call__", (placement, structure, list(microbatches)),

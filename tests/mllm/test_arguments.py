@@ -209,6 +209,15 @@ BAD_INPUT = [
      r"--post-balance lpt, kk or auto, .*\(got --post-balance none, "),
     (["--post-balance", "auto", "--post-balance-alternate", "5", "--tensor-model-parallel-size",
       "2"], 2, r"--post-balance-alternate 5 .* --tensor-model-parallel-size 2\)"),
+    (["--schedule-search-alternate", "-1"], 2,
+     r"--schedule-search-alternate must be >= 0 \(0: off\), got -1"),
+    (["--schedule-search-alternate", "5", "--pipeline-model-parallel-size", "2",
+      "--pipeline-schedule", "dynamic"], 2,
+     r"--schedule-search-alternate 5 alternates the searched schedule with greedy's: it needs "
+     r"--pipeline-schedule dynamic and --schedule-search-budget-ms > 0 \(got --pipeline-schedule "
+     r"dynamic, --schedule-search-budget-ms None\)"),
+    (["--schedule-search-alternate", "5", "--schedule-search-budget-ms", "50"], 2,
+     r"--schedule-search-alternate 5 .*\(got --pipeline-schedule megatron, "),
     ([None, "--lr"], 2, r"--lr is required to train"),  # None: BASE without this flag
 ]  # fmt: skip
 

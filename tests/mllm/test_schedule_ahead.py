@@ -335,6 +335,7 @@ def test_the_search_runs_in_its_own_process_and_finds_what_it_finds_in_the_train
     try:
         got = [outcome(remote, batch) for batch in batches]
         assert remote.pid is not None and remote.pid != os.getpid()
+        assert os.getpriority(os.PRIO_PROCESS, remote.pid) == 19  # late costs less than slow
         for a, b in zip(got, expected, strict=True):
             if isinstance(b, str):
                 assert a == b

@@ -1,7 +1,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """The search guard in a real PP=2 run (2 gloo ranks): its probe, its decision and the greedy
 window between probes run on both stages without a hang, and the run learns what a greedy run
-learns."""
+learns; so does a run alternating the searched and greedy orders for the benchmarks
+(``--schedule-search-alternate``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 from golden_losses import MAIN_JOB
 from launch import train_runs
 
-from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
+from orchestration.measured_guard import (
+    BLOCK,
+    PROBE_LENGTH,
+    PROBE_START,
+    AlternatingArms,
+    MeasuredGuard,
+)
 
 pytestmark = pytest.mark.multiproc
 
@@ -21,6 +28,9 @@ RUNS = {
     "greedy": [*PP2, "--schedule-search-budget-ms", "0"],
     "guarded": [*PP2, "--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000",
                 "--schedule-search-guard-interval", str(INTERVAL)],  # fmt: skip
+    "alternating": [*PP2, "--schedule-search-rollouts", "4", "--schedule-search-budget-ms",
+                    "60000", "--schedule-search-alternate", "3",
+                    "--schedule-search-alternate-first", "greedy"],  # fmt: skip
 }
 
 
@@ -53,5 +63,21 @@ def test_the_guard_probes_decides_and_learns_what_greedy_learns(records):
     assert sources[second] == "guard" or sources[second] == "missed"
     assert set(sources[second + 1 : second + BLOCK]) <= {"searched", "missed"}
     losses = [r["lm_loss"] for r in guarded]
+    reference = [r["lm_loss"] for r in records["greedy"]]
+    assert losses == pytest.approx(reference, rel=1e-5)
+
+
+def test_an_alternating_run_searches_every_other_block_and_learns_what_greedy_learns(records):
+    run = records["alternating"]
+    sources = [r["schedule_search"]["source"] for r in run]
+    pattern = AlternatingArms(3, first_on=False)
+    # Iteration 1 is greedy's (first block) and planned in the step; each later batch was
+    # planned during the iteration before it, in that iteration's block.
+    assert sources[0] == "guard"
+    for i in range(1, len(run)):
+        expected = "searched" if pattern.enabled(i - 1) else "guard"
+        assert sources[i] in (expected, "missed"), (i, sources[i])
+    assert {"searched", "guard"} <= set(sources)
+    losses = [r["lm_loss"] for r in run]
     reference = [r["lm_loss"] for r in records["greedy"]]
     assert losses == pytest.approx(reference, rel=1e-5)

@@ -18,6 +18,16 @@ that the host's drift hits all variants alike:
   search against greedy and keeps whichever is faster, so the default ``--warmup`` (32) times
   only what comes after the decision.
 
+and, in each round, a **crossover pair** of the search against greedy: two runs of
+``--schedule-search-alternate B`` (the searched order and greedy's, nothing searched, in
+alternate blocks of B iterations for the whole run), the first run searched first, the second
+greedy first, so every batch runs once each way and every ratio compares iterations seconds
+apart in one process (separate runs, seconds to minutes apart, differ by the host's drift:
+10-30% here). A run's ratio is the median time of its greedy iterations over that of its
+searched ones, every block's first and last iteration left out (the first runs the order
+planned in the block before; the last searched one searches the next block's first batch); a
+pair's is the geometric mean of its two runs'.
+
 With ``--memory-limit`` two more variants run under a memory limit of that fraction of
 greedy's peak activation memory (SEMU's, in the run's calibration): ``recompute`` (greedy with
 every chunk recomputed, ``--pipeline-recompute all``), ``limited`` (the search with the
@@ -31,8 +41,9 @@ iterations beside it. The runs' losses must agree.
 Usage: python tools/bench/pipeline_cpu.py [--workload W] [--rounds R] [--iters N] [--warmup K]
        [--calibration FILE] [--memory-limit F] [-- extra trainer flags]
 
-Ends with one line ``searched_over_greedy_measured: X`` (the median over the rounds of
-greedy's iteration time over searched's).
+Ends with one line ``searched_over_greedy_measured: X`` (the median over the rounds of the
+crossover pairs' ratios; without the crossover, ``--variants`` without ``crossover``, of greedy's
+iteration time over searched's in separate runs).
 """
 
 from __future__ import annotations
@@ -69,7 +80,48 @@ VARIANTS = {
     "in-step": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
                 "--no-plan-ahead", "--schedule-search-guard-interval", "0"],  # fmt: skip
 }
-DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched", "guarded")
+DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched", "guarded", "crossover")
+
+CROSSOVER = ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"]
+"""The crossover's runs (with ``--schedule-search-alternate B``, which replaces the guard)."""
+
+SEARCHED_SOURCES = ("searched", "missed", "in-step")
+"""The schedule sources of an iteration in the search's arm (``missed``: its search was late
+and greedy ran; the arm pays for the search all the same); ``guard``: greedy's arm."""
+
+
+def crossover_arms(records: list[dict], block: int, first: str, warmup: int) -> dict[str, list]:
+    """A crossover run's timed iterations by arm (``searched``, ``greedy``), from the
+    alternation's pattern, every block's first and last iteration left out.
+
+    Raises:
+        SystemExit: an iteration's schedule source disagrees with its arm.
+    """
+    arms: dict[str, list[dict]] = {"searched": [], "greedy": []}
+    for record in records:
+        i = record["iteration"] - 1  # the alternation's clock: 0 for the run's first step
+        position = i % block
+        if i < warmup or position in (0, block - 1):
+            continue
+        searched = ((i // block) % 2 == 0) == (first == "searched")
+        source = record.get("schedule_search", {}).get("source")
+        if (source in SEARCHED_SOURCES) != searched:
+            sys.exit(f"error: iteration {i + 1} ran a {source} schedule in the "
+                     f"{'searched' if searched else 'greedy'} arm of the alternation")  # fmt: skip
+        arms["searched" if searched else "greedy"].append(record)
+    if not arms["searched"] or not arms["greedy"]:
+        sys.exit("error: a crossover run did not alternate: more --crossover-iters")
+    return arms
+
+
+def crossover_ratio(runs: list[dict[str, list]], key) -> float:
+    """The geometric mean over a pair's runs of median(greedy) / median(searched) of ``key``."""
+    product = 1.0
+    for arms in runs:
+        product *= statistics.median(map(key, arms["greedy"])) / statistics.median(
+            map(key, arms["searched"])
+        )
+    return product ** (1.0 / len(runs))
 
 
 def _median_ms(records: list[dict], warmup: int) -> float:
@@ -128,6 +180,9 @@ def main() -> None:
         help="also run under this fraction of greedy's peak activation memory (e.g. 0.6)",
     )
     parser.add_argument("--variants", nargs="*", default=None, help="subset to run")
+    parser.add_argument("--block", type=int, default=5, help="crossover: iterations per block")
+    parser.add_argument("--crossover-iters", type=int, default=80, help="crossover: per run")
+    parser.add_argument("--crossover-warmup", type=int, default=16, help="crossover: untimed")
     args = parser.parse_args(argv)
     # Every run scores its schedules with the same calibration: the host probe rescales a
     # calibration by the host's speed at each run's start-up, which drifts with the load, and
@@ -141,6 +196,8 @@ def main() -> None:
         common += ["--cost-calibration", args.calibration]
     wanted = args.variants or DEFAULT_VARIANTS
     variants = {k: v for k, v in VARIANTS.items() if k in wanted}
+    pairs: list[tuple[float, float | None]] = []  # measured, SEMU: one per round
+    late = [0, 0]  # the crossover's searched iterations whose search was late, and all
     if args.memory_limit:
         variants["recompute"] = [*VARIANTS["greedy"], "--pipeline-recompute", "all"]
         limit = memory_limit_gb(args.memory_limit, args.workload, args.iters, args.calibration)
@@ -171,6 +228,24 @@ def main() -> None:
             f"{k} {times[k][-1]:.1f} ms ({times['greedy'][-1] / times[k][-1]:.3f})"
             for k in variants
         )
+        if "crossover" in wanted:
+            split = []
+            for first in ("searched", "greedy"):
+                flags = [*CROSSOVER, "--schedule-search-alternate", str(args.block),
+                         "--schedule-search-alternate-first", first]  # fmt: skip
+                records = run_main_job(f"crossover-{first}", [*common, *flags],
+                                       args.crossover_iters)  # fmt: skip
+                split.append(crossover_arms(records, args.block, first, args.crossover_warmup))
+                losses[f"crossover-{first}"] = [x["lm_loss"] for x in records]
+            measured = crossover_ratio(split, lambda x: x["iteration_time_s"])
+            semu = None
+            if all(x.get("prediction") for arms in split for arm in arms.values() for x in arm):
+                semu = crossover_ratio(split, lambda x: x["prediction"]["step_s"])
+            pairs.append((measured, semu))
+            for arms in split:
+                late[0] += sum(x["schedule_search"]["source"] == "missed" for x in arms["searched"])
+                late[1] += len(arms["searched"])
+            row += f" crossover searched/greedy {measured:.3f}"
         print(f"round {r + 1}: {row}", flush=True)
     print(
         f"\nPP=2 on {args.workload}, CPU, 2 gloo ranks, {args.rounds} interleaved rounds of "
@@ -193,8 +268,12 @@ def main() -> None:
             f"{min(ratios):7.3f} {max(ratios):7.3f} {semu:>11s} "
             f"{statistics.median(run_ms[name]):8.1f} {statistics.median(runs):10.3f}"
         )
-    base = losses["greedy"]
-    deviation = max(abs(a - b) / abs(a) for seq in losses.values() for a, b in zip(base, seq))
+    # Runs of one length share the learning-rate schedule: each is compared with the first.
+    deviation = 0.0
+    for length in {len(seq) for seq in losses.values()}:
+        same = [seq for seq in losses.values() if len(seq) == length]
+        deviation = max([deviation] + [abs(a - b) / abs(a) for seq in same
+                                       for a, b in zip(same[0], seq)])  # fmt: skip
     print(f"largest relative loss difference between the variants: {deviation:.2e}")
     print("run ms: the iteration minus its scheduling (the timers' `schedule`; the search's time "
           "for in-step), the ratio median over the rounds")  # fmt: skip
@@ -220,7 +299,18 @@ def main() -> None:
     if "guarded" in summary:
         print(f"guarded (the search under its guard) over greedy, measured: "
               f"{summary['guarded']:.3f}")  # fmt: skip
-    if "searched" in summary:
+    if pairs:
+        measured = [m for m, _ in pairs]
+        semu = [p for _, p in pairs if p is not None]
+        print(f"crossover (searched against greedy in alternate blocks of {args.block}, "
+              f"{args.crossover_iters} iterations per run, {args.crossover_warmup} untimed), per "
+              f"round: {', '.join(f'{m:.3f}' for m in measured)}; median "
+              f"{statistics.median(measured):.3f} (min {min(measured):.3f}, max "
+              f"{max(measured):.3f}); SEMU "
+              + (f"{statistics.median(semu):.3f}" if semu else "-")
+              + f"; searches late (greedy ran) {late[0]} of {late[1]} timed searched iterations")  # fmt: skip
+        print(f"searched_over_greedy_measured: {statistics.median(measured):.3f}")
+    elif "searched" in summary:
         print(f"searched_over_greedy_measured: {summary['searched']:.3f}")
 
 

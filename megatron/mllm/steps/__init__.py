@@ -42,7 +42,7 @@ from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.calibration import Calibration
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.measured_guard import MeasuredGuard
+from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from pipeweaver.ir import Memory
 from pipeweaver.runtime.executor import PipelineRuntime
 from pipeweaver.runtime.p2p import PipelineP2P
@@ -171,7 +171,12 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
             + (", one batch ahead" if searched.ahead_requested else ", in the step")
             + f" ({why})"
         )
-        if searched.guard is not None:
+        if isinstance(searched.guard, AlternatingArms):
+            schedule += (
+                f", alternating with greedy's order in blocks of {searched.guard.block} "
+                "(--schedule-search-alternate)"
+            )
+        elif searched.guard is not None:
             schedule += (
                 f", its measured gain probed every {searched.guard.interval} iterations "
                 f"from iteration {searched.guard.next_probe + 1}"
@@ -180,6 +185,17 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         schedule += f", greedy order ({why})"
     return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime,
                       schedules=searched)  # fmt: skip
+
+
+def _search_guard(pipeline) -> MeasuredGuard | AlternatingArms | None:
+    """What holds the search against the clock: the guard's probes, or, for side-by-side
+    measurement, the searched and greedy orders in alternate blocks for the whole run
+    (``--schedule-search-alternate``); None: the search runs on every batch."""
+    if pipeline.schedule_search_alternate:
+        first = pipeline.schedule_search_alternate_first == "searched"
+        return AlternatingArms(pipeline.schedule_search_alternate, first_on=first)
+    interval = pipeline.schedule_search_guard_interval
+    return MeasuredGuard(interval) if interval else None
 
 
 def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units, budget_ms,
@@ -200,11 +216,10 @@ def _searched_schedules(run, mllm, pg_collection, device, sub_tokens, sub_units,
             for mb in samples
         ]  # fmt: skip
 
-    interval = run.pipeline.schedule_search_guard_interval
     schedules = SearchedSchedules(
         in_worker, search.fallback, pg_collection.pp, device, run.balance.plan_ahead,
         run.distributed_timeout.total_seconds(), to_semu,
-        guard=MeasuredGuard(interval) if interval else None, greedy_outcome=search.greedy_outcome,
+        guard=_search_guard(run.pipeline), greedy_outcome=search.greedy_outcome,
         # Greedy alone is the same on every stage; under a memory limit the fallback also runs
         # the ILP, whose time limit could make stages disagree: the planner sends it instead.
         local_greedy=search.unlimited,

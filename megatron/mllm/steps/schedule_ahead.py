@@ -53,7 +53,7 @@ from megatron.mllm.steps.schedule_wire import (
     encode,
     words_length,
 )
-from orchestration.measured_guard import MeasuredGuard
+from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.metadata import PlanError
 from pipeweaver.dataflow import MicrobatchStructure
 from pipeweaver.ir import Memory, ScheduleError
@@ -96,7 +96,7 @@ class SearchedSchedules:
     def __init__(self, search: SearchFn, greedy: Callable[..., Schedule], pp_group,
                  device: torch.device, ahead: bool, timeout_s: float,
                  next_microbatches: Callable[[list], Sequence[MicrobatchMeta]],
-                 guard: MeasuredGuard | None = None,
+                 guard: MeasuredGuard | AlternatingArms | None = None,
                  greedy_outcome: SearchFn | None = None,
                  local_greedy: bool = False):  # fmt: skip
         """Args:

@@ -96,7 +96,7 @@ class ScheduleRecord:
             return "schedule: greedy"
         if self.source == "guard":
             if not self.guard_gain:
-                return "schedule: greedy (guard: probing the search's measured gain)"
+                return "schedule: greedy (guard: measuring the search against greedy)"
             return (
                 f"schedule: greedy (guard: the search measured {self.guard_gain:.3f}x greedy's "
                 f"speed, off until the next probe)"
