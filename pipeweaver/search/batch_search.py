@@ -244,7 +244,8 @@ class SearchInWorker:
 
     def __init__(self, search: BatchSearch, name: str, timeout_s: float):
         """Args:
-        search: the searcher (it is copied into the worker; this copy stays unused).
+        search: the searcher; a copy of it goes to the worker, which searches (this
+            process keeps ``search`` for greedy's fallback and SEMU's time of greedy).
         name: who the worker searches for, as errors name it (e.g. ``rank 0``).
         timeout_s: the longest one search may take before it is an error.
         """

@@ -298,8 +298,9 @@ def search_budget_ms(run) -> tuple[float, str]:
     threads) or a memory limit needs the search, else 0 (greedy).
 
     The search is pure Python: on a host whose cores all compute (the CPU main job: 2 ranks
-    of 1 thread on 2 cores) it takes its time from the step, measured 10-50% slower there,
-    while SEMU predicts a few percent of gain at best.
+    of 1 thread on 2 cores) it has no core of its own. There its worker, at the lowest
+    priority, left the step within a few percent of greedy's time (a crossover measured 0.99),
+    and its schedules gained nothing measurable, while SEMU predicted 4-6%.
     """
     given = run.pipeline.schedule_search_budget_ms
     if given is not None:
