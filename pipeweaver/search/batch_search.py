@@ -237,7 +237,8 @@ class SearchInWorker:
     Why a process: a search in a thread of the training process shares its interpreter lock,
     so each time the step releases it around a kernel the search may take it, and the step
     waits for it back before it can launch the next one (the same reason the balance plan is
-    made in ``orchestration.plan_worker``). DIP runs its planner in a background process too.
+    made in ``orchestration.plan_worker``). DIP's planner, too, works one batch ahead on idle CPU
+    cores (docs/architecture.md [2]).
     The worker is the planner's (:class:`~orchestration.plan_worker.PlanWorker`): a fresh
     interpreter without torch, bounded waits, a death reported naming the rank.
     """
