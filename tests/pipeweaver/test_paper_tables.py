@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -138,3 +139,29 @@ def test_table1_configs_hold_the_tables_flops(pt):
         got = pt.semu_json(["--model", model, "--cluster", "h800-8", "--placement", "balanced",
                             "--replicas", "1", "--no-check"])  # fmt: skip
         assert got["model_flops"] / 1e15 == pytest.approx(pflops, rel=0.02), model
+
+
+def test_a_components_share_is_set_and_the_others_keep_their_proportions(pt, tmp_path):
+    """Table 4's data-mix sweep: the LAION component gets exactly the share asked, the others
+    keep their proportions, the file is a valid workload, and a name no component holds (or
+    every component holds) is refused."""
+    import workload_mix
+
+    from megatron.mllm.config_files import CONFIG_DIR
+    from orchestration.workload_spec import WorkloadSpec
+
+    spec = CONFIG_DIR / "workloads" / "dip-vlm-packed.json"
+    before = {c["name"]: c["weight"] for c in json.loads(spec.read_text())["components"]}
+    for share in pt.T4_LAION_SHARES:
+        path = workload_mix.with_component_share(spec, "LAION", share, str(tmp_path))
+        loaded = WorkloadSpec.load(path)
+        weights = {c["name"]: c["weight"] for c in loaded.components}
+        laion = [n for n in weights if "LAION" in n]
+        others = [n for n in weights if "LAION" not in n]
+        assert sum(weights[n] for n in laion) == pytest.approx(share)
+        assert sum(weights.values()) == pytest.approx(1.0)
+        ratio = weights[others[0]] / before[others[0]]
+        assert all(weights[n] == pytest.approx(before[n] * ratio) for n in others)
+    for name in ("no such component", ""):
+        with pytest.raises(ValueError, match="cannot give the components named"):
+            workload_mix.with_component_share(spec, name, 0.1, str(tmp_path))

@@ -6,44 +6,29 @@ Usage (from the repository root)::
     python tools/bench/paper_tables.py [--rows GROUP ...] [--rollouts 6] [--iteration 0]
 
 Row groups (``--rows``; the default, all but ``omni84b`` and the ``dip-xl`` groups, takes
-about a minute on a loaded 2-core host; ``--rows all`` adds them, minutes more):
+about a minute on a loaded 2-core host; ``--rows all`` adds them, minutes more). Figures from
+DIP, arXiv 2504.14145 v2, and OrchMLLM, arXiv 2503.23830 (docs/architecture.md [2], [1]):
 
-- ``dip-t1``: DIP's Table 1, a 7B LM and a ViT 2B + LM 5B (static and dynamic data) on 8
-  GPUs at TP 2 x PP 4: MFU 0.400 / 0.351 / 0.239, 4.068 / 4.567 / 6.789 s per iteration
-  (arXiv 2504.14145 v2, Table 1; docs/architecture.md [2]), on ``h800-8.json`` with the shapes,
-  data and batches assumed in ``scripts/configs/dip-t1-*.json``; Megatron on the balanced
-  layout with the least recompute that fits 80 GB (:func:`megatron_fit`);
-- ``dip-t4``: DIP's Table 4, VLM-S on 16 H20 (``scripts/configs/vlm-s.json``, ``h20-16.json``):
-  FSDP 40.270 s, Megatron-LM 39.053 s, DIP 28.606 s per iteration; relative time 1.03 / 1.00 /
-  0.73 (arXiv 2504.14145 v2, Table 4; docs/architecture.md [2]). Megatron and DIP are steps 1
-  and 5 of ``tools/bench/dip_ablation.py --cluster h20-16`` (its ``main``, imported);
-- ``dip-t5``: DIP's Table 5, the ablation on VLM-S on 16 H800: 26.13, 22.27, 18.81, 17.61,
-  16.05 s (same paper, Table 5; :data:`pipeweaver.search.ablation.DIP_TABLE5_S`), each step
-  and its speed-up over Megatron, from ``tools/bench/dip_ablation.py`` (imported);
+- ``dip-t1``: Table 1, a 7B LM and a ViT 2B + LM 5B (static and dynamic data) on 8 H800 at
+  TP 2 x PP 4 (``scripts/configs/dip-t1-*.json``: shapes, data and batches assumed);
+- ``dip-t4``: Table 4, VLM-S on 16 H20 (``vlm-s.json``, ``h20-16.json``): FSDP, Megatron-LM and
+  DIP, Megatron and DIP as steps 1 and 5 of ``dip_ablation.py --cluster h20-16``; the data
+  mix, which DIP does not state, swept over :data:`T4_LAION_SHARES`;
+- ``dip-t5``: Table 5, the ablation on VLM-S on 16 H800, from ``dip_ablation.py``;
 - ``vlm-m-grid``: the best layout of DIP's simulator-accuracy grid, VLM-M DP8-TP2-PP4 on 64
-  GPUs (H800 assumed: the main cluster), MFU 29.7% (DIP v2, Sec. 5, simulator accuracy), at
-  two global batch sizes (not counted: the grid's system and batch are not named);
-- ``omni84b`` (about 20 seconds: the dynamic cases take most): OrchMLLM's 84B
-  three-modality model on 2,560 H100, 41.6% MFU and 3.1x over Megatron-LM, so Megatron at
-  41.6 / 3.1 = 13.4% MFU (arXiv 2503.23830 abstract; docs/architecture.md [1]), from
-  ``tools/bench/omni84b_full_mode.py``'s cases (its ``simulate``, imported);
-- ``dip-xl`` (about 2.5 minutes; ``dip-xl-large``, their larger sizes, several minutes more):
-  DIP's large-scale simulations on H100, VLM-XL (ViT 22B + GPT-175B, DP128 TP8 PP8 on 8192;
-  PP16 on 16384) and T2V-XL (Qwen2 72B + DiT 30B, DP96 TP8 PP4 on 3072; PP8 on 6144): DIP's
-  MFU 0.36 and 0.39, and its gain, up to 82.8% over the baselines (v2 section 5.5;
-  docs/architecture.md [2]), from ``dip_ablation.py``'s step 5 and step 1 on
-  ``scripts/configs/{vlm-xl,vlm-xl-16k,t2v-xl,t2v-xl-6k}.json``, whose global batch and data
-  are assumed;
-- ``no-config``: published figures we cannot match (Fig. 6a's per-model bars), each with what
-  is missing (docs/architecture.md [2]; the paper's text as our notes quote it).
+  GPUs (H800 assumed), MFU 29.7%, at two global batches (not counted);
+- ``omni84b``: OrchMLLM's 84B three-modality model on 2,560 H100, 41.6% MFU and 3.1x over
+  Megatron-LM (so Megatron at >= 13.4%), from ``omni84b_full_mode.py``'s cases;
+- ``dip-xl`` (``dip-xl-large``: the larger sizes): DIP's simulations on H100, VLM-XL (ViT 22B
+  + GPT-175B, 8192 and 16384 GPUs) and T2V-XL (Qwen2 72B + DiT 30B, 3072 and 6144 GPUs), DIP's
+  MFU 0.36 and 0.39 and its gain of up to 82.8%, global batch and data assumed;
+- ``no-config``: published figures we cannot match, each with what is missing.
 
-Each row prints the paper's figure, SEMU's, the error ``100 * (SEMU - paper) / paper`` (of the
-seconds, the MFU or the speed-up ratio alike), and below it the command that gives SEMU's figure
-and the assumptions or the reason it is not matched. Megatron rows that fit nothing in memory
-are rerun with the least recompute that fits (:func:`megatron_fit`), as a Megatron user would.
-
-Ends with ``paper_tables_worst_baseline_error_pct: X``: the largest |error| over the
-Megatron-baseline rows that were run and matched (``n/a`` when none was).
+Each row prints the paper's figure, SEMU's, the error ``100 * (SEMU - paper) / paper``, the
+command behind SEMU's figure and its assumptions or why it is not matched; Megatron rows take
+the least recompute that fits (:func:`megatron_fit`). Ends with
+``paper_tables_worst_baseline_error_pct: X``: the largest |error| over the Megatron-baseline
+rows that were run and matched (``n/a`` when none was).
 """
 
 from __future__ import annotations
@@ -59,7 +44,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from workload_mix import with_component_share
+
 from megatron.mllm.cli import semu as semu_cli
+from megatron.mllm.config_files import CONFIG_DIR
 from pipeweaver.search.ablation import BLOCK_RECOMPUTE
 
 PAPER_T4 = {"fsdp": 40.270, "megatron": 39.053, "dip": 28.606}
@@ -72,9 +60,8 @@ ORCH_MFU, ORCH_SPEEDUP = 0.416, 3.1
 """OrchMLLM's 84B run on 2,560 H100: MFU and throughput over Megatron-LM (abstract)."""
 
 GLOBAL_BATCH_SPAN = (16, 128)
-"""The plausible global batches, in 8192-token sequences, of DIP's VLM-S runs on 16 GPUs
-(Tables 4 and 5 give none): one to eight sequences per GPU. Their baseline rows are counted
-against SEMU's range over it (:attr:`Row.span`)."""
+"""Plausible global batches (8192-token sequences: one to eight per GPU) of DIP's VLM-S runs on
+16 GPUs, which Tables 4 and 5 do not give; their baseline rows count by :attr:`Row.span`."""
 
 VLM_M_GRID_MFU = 0.297
 """DIP's simulator-accuracy grid: the best layout, DP8-TP2-PP4 on 64 GPUs, MFU 29.7%."""
@@ -96,6 +83,23 @@ T4_FSDP_NOTE = (
     "reduce-scattered in every microbatch (pipeweaver/semu/fsdp_comm.py), per-layer full "
     "recompute; vlm-s.json's global batch of 32 sequences (2 microbatches per rank)"
 )
+
+T4_LAION_SHARES = (0.0, 0.05, 0.10)
+"""DIP's unstated data mix: shares of packed LAION caption pairs (40-44 images a sequence) in
+``dip-vlm-packed``, none, the config's 5% and twice it."""
+
+
+def t4_mix_note(iteration: int) -> str:
+    """Table 4's FSDP and Megatron rows (least recompute that fits) at each LAION share."""
+    parts, spec = [], CONFIG_DIR / "workloads" / "dip-vlm-packed.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        for share in T4_LAION_SHARES:
+            path = with_component_share(spec, "LAION", share, tmp)
+            mix = ["--workload", path, "--iteration", str(iteration)]
+            fsdp = semu_json([*T4_FSDP_ARGV, *mix])["step_time_s"]
+            meg = megatron_fit([*_vlm_s_megatron("h20-16"), *mix])[0]["step_time_s"]
+            parts.append(f"{share:.0%}: FSDP {fsdp:.1f} s, Megatron {meg:.1f} s, {fsdp / meg:.2f}x")
+    return "LAION share of the data (DIP states none; the config's 5%): " + "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +353,7 @@ def rows_dip_t4(args: argparse.Namespace) -> list[Row]:
             f"ablation step 5; {gbs}; {dip['memory']}; {_peak(dip)}"),
         Row("VLM-S 16 H20: FSDP / Megatron", "DIP T4", "x", PAPER_T4_RELATIVE["fsdp"],
             fsdp["step_time_s"] / meg["step_time_s"], f"{fsdp_cmd} / Megatron's above",
-            "relative time"),
+            f"relative time; {t4_mix_note(args.iteration)}"),
         Row("VLM-S 16 H20: DIP / Megatron (relative time)", "DIP T4", "x",
             PAPER_T4_RELATIVE["dip"], dip["step_time_s"] / meg["step_time_s"], ablation,
             f"paper's unrounded ratio {PAPER_T4['dip'] / PAPER_T4['megatron']:.3f}"),
