@@ -16,6 +16,7 @@ Pure Python/numpy, no torch: the trainer runs it in a process of its own
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -221,11 +222,10 @@ class _ResidentCall:
     def __call__(self) -> Any:
         if self.searcher is not None:
             _RESIDENT[self.key] = self.searcher
-        searcher = _RESIDENT[self.key]
         if self.method == "close":
             _RESIDENT.pop(self.key).close()
             return None
-        return getattr(searcher, self.method)(*self.args)
+        return getattr(_RESIDENT[self.key], self.method)(*self.args)
 
 
 class SearchInWorker:
@@ -281,8 +281,7 @@ class SearchInWorker:
         job = _ResidentCall(id(self), "__call__", (placement, structure, list(microbatches)),
                             searcher)  # fmt: skip
         outcome, _ = self._worker.submit(job).result(self.timeout_s)
-        return SearchOutcome(outcome.schedule, outcome.rollouts, outcome.predicted_s,
-                             outcome.greedy_s, time.perf_counter() - start)  # fmt: skip
+        return dataclasses.replace(outcome, search_s=time.perf_counter() - start)
 
     def close(self) -> None:
         """Stop the worker (and the scoring processes it started); idempotent."""
