@@ -145,19 +145,22 @@ def greedy_dual_queue(
             raise ScheduleError("memory_limit needs activation_bytes")
         limits = _per_rank(memory_limit, P, "memory_limit")
     flow = data_flow(placement, structure)
-    computes = list(flow.computes)
-    kept: dict[Compute, float] = {}
-
-    def kept_bytes(a: Compute) -> float:
-        """Bytes the F/B pair of ``a`` keeps, from its forward, under ``memory``."""
-        f = a if a.kind is Kind.F else a.partner()
-        if f not in kept:
-            kept[f] = float(activation_bytes(f.with_memory(memory)))
-        return kept[f]
+    computes = flow.computes
+    kept = None
+    if activation_bytes is not None:
+        # Per compute index, the bytes its F/B pair keeps from its forward under ``memory``,
+        # asked once per forward: the data flow lists each pair side by side, forward first
+        # (as :func:`_piece_graph` relies on), so a backward's bytes are its neighbour's.
+        kept = [0.0] * len(computes)
+        for i, a in enumerate(computes):
+            if a.kind is Kind.B:
+                kept[i] = kept[i - 1]
+            else:
+                kept[i] = float(activation_bytes(a.with_memory(memory)))
 
     windows: list[int | None] = [None]
     if limits is not None:
-        _check_microbatches_fit(computes, placement, limits, kept_bytes)
+        _check_microbatches_fit(computes, placement, limits, kept)
         # A microbatch's first backward needs all its forwards, so every rank must hold one
         # microbatch's kept bytes at once (checked above), and that suffices when forwards of
         # one microbatch at a time are admitted. The unrestricted greedy can fill memory with
@@ -172,7 +175,7 @@ def greedy_dual_queue(
         try:
             order = _interleave(
                 placement, structure, flow, duration, p2p_time, priority, memory, caps,
-                limits, kept_bytes if activation_bytes is not None else None, window,
+                limits, kept, window,
             )  # fmt: skip
         except _MemoryDeadlock as e:
             if window == windows[-1]:
@@ -193,14 +196,15 @@ class _MemoryDeadlock(Exception):
         self.action = action
 
 
-def _check_microbatches_fit(computes, placement, limits, kept_bytes) -> None:
-    """Raise unless every rank can hold the kept bytes of each microbatch's forwards at once."""
+def _check_microbatches_fit(computes, placement, limits, kept) -> None:
+    """Raise unless every rank can hold the kept bytes of each microbatch's forwards at once
+    (``kept``: per compute index, its pair's bytes)."""
     need: dict[tuple[int, int], float] = {}
     first: dict[tuple[int, int], Compute] = {}
-    for a in computes:
+    for i, a in enumerate(computes):
         if a.kind is Kind.F:
             k = (placement.rank_of(a.module, a.chunk), a.microbatch)
-            need[k] = need.get(k, 0.0) + kept_bytes(a)
+            need[k] = need.get(k, 0.0) + kept[i]
             first.setdefault(k, a)
     for (r, mb), b in sorted(need.items()):
         if limits[r] is not None and b > limits[r]:
@@ -279,22 +283,19 @@ class _ScannedQueue:
         heapq.heappush(self.entries, entry)
 
     def best(self, now: float, fits=None) -> tuple | None:
-        """The highest-priority entry (among those ``fits`` admits) that can start at ``now``,
-        else the earliest one."""
-        q = self.entries
-        if fits is not None:
-            q = [e for e in q if fits(e[2])]
-            if not q:
-                return None
-            first = min(q)
-        elif not q:
-            return None
-        else:
-            first = q[0]
-        startable = [e for e in q if e[0] <= now]
-        if startable:
-            return min(startable, key=lambda e: (e[1], e[0]))
-        return first
+        """The highest-priority entry (among those ``fits`` admits, by compute index) that can
+        start at ``now``, else the earliest one."""
+        # One pass, where filtering and two min() calls made three: ties go to the first
+        # entry in heap order, as min() chose.
+        first = chosen = None
+        for e in self.entries:
+            if fits is not None and not fits(e[3]):
+                continue
+            if first is None or e < first:
+                first = e
+            if e[0] <= now and (chosen is None or (e[1], e[0]) < (chosen[1], chosen[0])):
+                chosen = e
+        return first if chosen is None else chosen
 
     def remove(self, entry: tuple) -> None:
         self.entries.remove(entry)
@@ -306,7 +307,7 @@ class _ScannedQueue:
 
 def _interleave(
     placement, structure, flow, duration, p2p_time, priority, memory, caps, limits,
-    kept_bytes, window,
+    kept, window,
 ) -> list[list[Compute]]:  # fmt: skip
     """One greedy pass; ``window``: forwards only of microbatches at most this far past the
     oldest one with a backward left (None: any).
@@ -352,11 +353,11 @@ def _interleave(
     order: list[list[Compute]] = [[] for _ in range(P)]
     oldest = 0  # the oldest microbatch with a backward left
 
-    def fits(r: int, a: Compute) -> bool:
-        """Whether the forward ``a`` may run on rank ``r`` under the hard limit."""
-        if window is not None and a.microbatch > oldest + window:
+    def fits(r: int, i: int) -> bool:
+        """Whether the forward ``computes[i]`` may run on rank ``r`` under the hard limit."""
+        if window is not None and computes[i].microbatch > oldest + window:
             return False
-        return limits[r] is None or used[r] + kept_bytes(a) <= limits[r]
+        return limits[r] is None or used[r] + kept[i] <= limits[r]
 
     def push(i: int, t: float) -> None:
         # (start, priority, compute, index): the index is never compared (computes differ).
@@ -381,7 +382,7 @@ def _interleave(
         if caps is not None and used[r] > caps[r] and backwards:
             fw = None  # throttled
         elif limits is not None:
-            fw = rank_queues[F].best(now, lambda a: fits(r, a))
+            fw = rank_queues[F].best(now, lambda i: fits(r, i))
         else:
             fw = rank_queues[F].best(now)
         bw = backwards.best(now)
@@ -415,7 +416,7 @@ def _interleave(
             if c is not None and (choice is None or c[0] < choice[0][0]):
                 choice = (c, r)
         if choice is None and limits is not None:
-            _raise_memory_deadlock(queues, used, limits, kept_bytes)
+            _raise_memory_deadlock(queues, used, limits, kept)
         if choice is None:
             raise ScheduleError(
                 "greedy interleaving: no compute is ready; the data flow has a cycle"
@@ -440,9 +441,8 @@ def _interleave(
         t_last[r] = finish
         last_kind[r] = kind
         order[r].append(a.with_memory(memory) if with_memory else a)
-        if kept_bytes is not None:
-            b = kept_bytes(a)
-            used[r] += b if kind is F else -b
+        if kept is not None:
+            used[r] += kept[i] if kind is F else -kept[i]
         if kind is B:
             backwards_left[a.microbatch] -= 1
             while oldest < len(backwards_left) and backwards_left[oldest] == 0:
@@ -498,20 +498,22 @@ def _per_rank(value, num_ranks: int, name: str) -> list:
     return values
 
 
-def _raise_memory_deadlock(queues, used, limits, kept_bytes) -> None:
+def _raise_memory_deadlock(queues, used, limits, kept) -> None:
     """No rank can start anything and some forward waits for memory: no backward can come
-    (every pending backward waits, directly or through other ranks, on a blocked forward)."""
+    (every pending backward waits, directly or through other ranks, on a blocked forward).
+    ``kept``: per compute index, its pair's bytes (the queues are scanned ones: a limit)."""
     for r, q in enumerate(queues):
-        waiting = q[Kind.F].computes()
+        waiting = q[Kind.F].entries
         if not waiting or limits[r] is None:
             continue
-        a = min(waiting, key=kept_bytes)
-        need = used[r] + kept_bytes(a)
+        smallest = min(waiting, key=lambda e: kept[e[3]])
+        a, own = smallest[2], kept[smallest[3]]
+        need = used[r] + own
         if need <= limits[r]:
             continue  # waits for its microbatch's turn, not for memory
         raise _MemoryDeadlock(
             f"the forward needs {need:.0f} bytes of activations ({used[r]:.0f} kept plus "
-            f"{kept_bytes(a):.0f} of its own), over the rank's memory limit of "
+            f"{own:.0f} of its own), over the rank's memory limit of "
             f"{limits[r]:.0f} bytes, and no backward can free memory: the schedule cannot "
             f"fit under the limit in this order",
             r,

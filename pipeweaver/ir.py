@@ -239,6 +239,8 @@ class Compute:
     def with_memory(self, memory: Memory | str, recompute_layers: int = 0) -> "Compute":
         """The same compute with another memory strategy (``recompute_layers`` with
         :attr:`Memory.LAYERS`)."""
+        if memory is self.memory and recompute_layers == self.recompute_layers:
+            return self  # computes are immutable; searches ask this of every compute per rollout
         return Compute(
             self.module, self.chunk, self.kind, self.microbatch, self.sub, memory, recompute_layers
         )

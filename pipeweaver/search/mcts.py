@@ -63,7 +63,7 @@ import numpy as np
 from pipeweaver.checker import check
 from pipeweaver.dataflow import MicrobatchStructure, all_computes
 from pipeweaver.interleave import default_priority, greedy_dual_queue
-from pipeweaver.ir import Compute, Memory, ScheduleError
+from pipeweaver.ir import Compute, Kind, Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.search.search_pool import SearchPool, cached_many, check_workers
@@ -136,6 +136,19 @@ class _Durations:
         return self.times[a.key]
 
 
+class _KeptBytes:
+    """Phase 2's kept bytes of each forward under its memory strategy, looked up by compute
+    (picklable, unlike a closure)."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self, kept: dict):
+        self.kept = kept
+
+    def __call__(self, a: Compute) -> float:
+        return self.kept[a]
+
+
 class OrderEvaluator:
     """Scores priority orders: phase 2, the phase-3 hook, then SEMU; cached by order.
 
@@ -201,6 +214,12 @@ class OrderEvaluator:
         limited = memory_cap is not None or memory_limit is not None
         if limited and activation_bytes is None and semu is not None:
             activation_bytes = semu.activation_bytes(placement, self.microbatches)
+        if limited and activation_bytes is not None:
+            # Phase 2 asks for each forward's bytes once per rollout: look them up once.
+            forwards = (a.with_memory(memory) for a in all_computes(placement, structure))
+            activation_bytes = _KeptBytes(
+                {f: activation_bytes(f) for f in forwards if f.kind is Kind.F}
+            )
         self._phase2 = dict(duration=duration, p2p_time=p2p_time, memory=memory)
         if memory_cap is not None:
             self._phase2.update(memory_cap=memory_cap, activation_bytes=activation_bytes)
