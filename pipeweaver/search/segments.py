@@ -87,17 +87,20 @@ def order_priority(order: Sequence[SegmentGroup]) -> Callable[[Compute], tuple[i
     Raises:
         ScheduleError: a group appears twice (and, when called, a compute's group is missing).
     """
-    position = {g: i for i, g in enumerate(order)}
+    # Keyed by plain tuples: phase 2 asks once per compute per rollout, and a tuple is made
+    # and hashed in C where a SegmentGroup would be a dataclass call and a Python hash.
+    position = {(g.module, g.microbatch, g.kind): i for i, g in enumerate(order)}
     if len(position) != len(order):
         raise ScheduleError("a segment group appears twice in the priority order")
 
     def priority(compute: Compute) -> tuple[int, int, int, int]:
-        g = SegmentGroup(compute.module, compute.microbatch, compute.kind)
+        kind = compute.kind
         try:
-            return (compute.kind is Kind.B, position[g], compute.sub, compute.chunk)
+            return (kind is Kind.B, position[compute.module, compute.microbatch, kind],
+                    compute.sub, compute.chunk)  # fmt: skip
         except KeyError:
             raise ScheduleError(
-                f"the priority order has no segment group {g}", action=compute
+                f"the priority order has no segment group {group_of(compute)}", action=compute
             ) from None
 
     return priority
