@@ -313,6 +313,27 @@ class OnlineLinearFit:
         self.updates += 1
         return self.coef
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The fits travel to the planning worker and back every iteration (plan_job): the
+        # window goes as four arrays, not as two small arrays per iteration, whose pickling
+        # cost the step's interpreter about 2 ms per iteration at a full window of 64.
+        state = dict(self.__dict__)
+        obs = state.pop("_obs")
+        state["_obs_packed"] = (
+            np.array([o[0] for o in obs], dtype=np.int64),
+            np.array([o[2].size for o in obs], dtype=np.int64),
+            np.concatenate([o[1] for o in obs]) if obs else np.zeros((0, self.num_features)),
+            np.concatenate([o[2] for o in obs]) if obs else np.zeros(0),
+        )
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        iterations, counts, x, y = state.pop("_obs_packed")
+        self.__dict__.update(state)
+        ends = np.cumsum(counts).tolist()
+        starts = [0, *ends[:-1]]
+        self._obs = [(it, x[a:b], y[a:b]) for it, a, b in zip(iterations.tolist(), starts, ends)]
+
     def state_dict(self) -> dict[str, Any]:
         """Plain Python values (picklable, JSON-able) that restore this fit exactly."""
         return {

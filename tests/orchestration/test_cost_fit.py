@@ -250,6 +250,32 @@ def test_state_dict_round_trip_continues_exactly():
         OnlineCostFit(FLOPS, cfg).load_state_dict(broken)
 
 
+def test_pickled_fits_continue_exactly_as_the_planning_worker_gets_them():
+    # The fits go to the planning worker and come back pickled every iteration (plan_job),
+    # as a packed window: empty, partial (phases without rows) and over a full window.
+    cfg = FitConfig(window=6, warmup=3)
+    rng = np.random.default_rng(5)
+    a = OnlineCostFit(FLOPS, cfg)
+    xa = ExchangeFit(ExchangeCost(1e-4, 1e-9, PAYLOAD), cfg)
+    b, xb = pickle.loads(pickle.dumps((a, xa)))
+    for it in range(1, 15):
+        items = _synthetic_items(rng, 8)
+        f = rank_features(items, items.owner, 8)
+        if it % 4 == 0:
+            f[:3] = 0  # ranks without vision items this iteration: rows the window drops
+        y = f @ TRUE * (1 + 0.02 * rng.standard_normal(8))
+        nb, sec = rng.uniform(1e4, 1e6, 2), rng.uniform(1e-4, 1e-3, 2)
+        for fit, x in ((a, xa), (b, xb)):
+            fit.observe(it, "vision", f, y)
+            x.observe(it, nb, sec)
+        b, xb = pickle.loads(pickle.dumps((b, xb), protocol=5))
+        ca, cb = a.coefficients("vision"), b.coefficients("vision")
+        assert (ca is None) == (it < 3) and (cb is None) == (it < 3)
+        assert ca is None or ca.tobytes() == cb.tobytes()
+        assert a.state_dict() == b.state_dict() and xa.state_dict() == xb.state_dict()
+        assert a.describe() == b.describe() and xa.cost() == xb.cost()
+
+
 def test_bad_observations_and_settings_name_what_is_wrong():
     fit = OnlineCostFit(FLOPS, FitConfig(warmup=2))
     f = np.ones((R, len(FEATURES)))
