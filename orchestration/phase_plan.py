@@ -132,7 +132,13 @@ class PhasePlan(PlannedLoads):
     """Unit of costs and loads: "flops" or "seconds"."""
 
     gain: float = 0.0
-    """Predicted max load of the ordinary assignment minus that of the balancer's."""
+    """Predicted max load of the ordinary assignment minus that of the balancer's (with
+    :attr:`gain_bounded`, a bound of it: the balancer did not run)."""
+
+    gain_bounded: bool = False
+    """The check kept every phase without running the balancer: even a perfect balance of
+    all phases together would gain less than one exchange's latency (:attr:`gain` holds this
+    phase's share of that bound, :attr:`exchange_cost` the latency)."""
 
     decision: str = "balanced"
     """"balanced": the balancer's assignment runs (which may itself be the ordinary one, see
@@ -187,8 +193,9 @@ class IterationPlan:
             if p.exchange_cost is None:
                 continue
             sign = ">" if p.decision == "balanced" else "<="
+            gain = ("at most " if p.gain_bounded else "") + format_seconds(p.gain)
             parts.append(
-                f"{p.phase} {p.decision} (gain {format_seconds(p.gain)} {sign} cost "
+                f"{p.phase} {p.decision} (gain {gain} {sign} cost "
                 f"{format_seconds(p.exchange_cost)})"
             )
         return " ".join(parts)
@@ -278,11 +285,10 @@ def plan_iteration(
             f"the exchange check compares seconds, but the costs are in {cost_model.unit}"
         )
     phase_list = [(phase, phase_items(md, phase)) for phase in PHASES if phase in cost_model]
-    keep_all = (
-        exchange is not None
-        and not caps
-        and _moving_cannot_pay(phase_list, cost_model, R, exchange)
-    )
+    bounds = None
+    if exchange is not None and not caps:
+        bounds = _gain_bounds(phase_list, cost_model, R)
+    keep_all = bounds is not None and sum(bounds.values()) <= exchange.margin * exchange.latency_s
     plans = []
     for phase, items in phase_list:
         alg = algorithm if phase in chosen and not keep_all else "none"
@@ -309,7 +315,11 @@ def plan_iteration(
             "the cost model has no 'llm' phase: encoder outputs would have nowhere to go"
         )
     if keep_all:
-        plans = [dataclasses.replace(_kept(p, R), exchange_cost=0.0) for p in plans]
+        plans = [
+            dataclasses.replace(_kept(p, R), gain=bounds.get(p.phase, 0.0), gain_bounded=True,
+                                exchange_cost=exchange.latency_s)  # fmt: skip
+            for p in plans
+        ]
         llm = plans[-1]
     elif exchange is not None:
         plans = check_exchanges(plans, R, exchange)
@@ -328,27 +338,28 @@ def plan_iteration(
     return IterationPlan(R, tuple(plans), to_llm, mdig, h.hexdigest())
 
 
-def _moving_cannot_pay(phase_list, cost_model: CostModel, num_ranks: int,
-                       exchange: ExchangeCost) -> bool:  # fmt: skip
-    """Whether even a perfect balance of every phase would gain less than one exchange's
-    latency: then the ordinary assignment wins and the balancer need not run at all.
+def _gain_bounds(phase_list, cost_model: CostModel, num_ranks: int) -> dict[str, float] | None:
+    """Per phase, a bound of what even a perfect balance would gain (None: no cheap bound).
+    When their sum is below one exchange's latency the ordinary assignment wins and the
+    balancer need not run at all: balancing anything moves something, which costs at least
+    one hop's latency.
 
     A phase's balanced max load is at least its mean load and its largest item (plus the
-    per-call cost of a rank holding anything), so ``max(before) - that`` bounds its gain;
-    balancing anything moves something, which costs at least one hop's latency."""
-    bound = 0.0
+    per-call cost of a rank holding anything), so ``max(before) - that`` bounds its gain."""
+    bounds = {}
     for phase, items in phase_list:
         if items.size == 0:
+            bounds[phase] = 0.0
             continue
         model = cost_model[phase]
         if model.padded:
-            return False  # padded loads are not additive: no cheap bound
+            return None  # padded loads are not additive: no cheap bound
         costs = model.item_costs(items.tokens, items.out_tokens)
         before = np.bincount(items.owner, weights=costs, minlength=num_ranks)
         before = before + model.per_call * (np.bincount(items.owner, minlength=num_ranks) > 0)
         best = max(float(costs.sum()) / num_ranks, float(costs.max())) + model.per_call
-        bound += max(0.0, float(before.max()) - best)
-    return bound <= exchange.margin * exchange.latency_s
+        bounds[phase] = max(0.0, float(before.max()) - best)
+    return bounds
 
 
 def check_exchanges(

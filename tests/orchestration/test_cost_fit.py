@@ -28,7 +28,7 @@ from orchestration.exchange_cost import ExchangeCost, ExchangeFit, PayloadBytes,
 from orchestration.metadata import PhaseItems, PlanError
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.phase_plan import plan_iteration
-from orchestration.robust_fit import FitConfig
+from orchestration.robust_fit import FitConfig, format_seconds
 from orchestration.workload import SampleMeta
 from orchestration.workload_spec import WorkloadGenerator, WorkloadSpec
 
@@ -446,5 +446,10 @@ def test_when_no_balance_could_pay_for_one_latency_the_balancer_does_not_run():
     assert all(p.decision == "kept" and p.algorithm == "ordinary" for p in dear.phases)
     for p in dear.phases:
         np.testing.assert_array_equal(p.dispatch.dst, p.items.owner)
+    # The log line says why: each phase's share of the bound against the latency.
+    assert sum(p.gain for p in dear.phases) == pytest.approx(bound)
+    for p in dear.phases:
+        assert f"{p.phase} kept (gain at most {format_seconds(p.gain)} <= cost " \
+               f"{format_seconds(2 * bound)})" in dear.describe_decisions()  # fmt: skip
     cheap = plan_iteration(md, sm, algorithm="auto", exchange=ExchangeCost(bound / 4, 0.0, PAYLOAD))
     assert any(p.algorithm != "ordinary" for p in cheap.phases)
