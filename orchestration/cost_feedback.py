@@ -25,20 +25,37 @@ Pure numpy: the fits travel, with the metadata, to the planning worker
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
+from orchestration.balance import DEFAULT_BUDGET
 from orchestration.cost_fit import OnlineCostFit
 from orchestration.cost_model import CostModel
-from orchestration.exchange_cost import ExchangeCost, ExchangeFit
+from orchestration.exchange_cost import ExchangeCost, ExchangeFit, PayloadBytes
 from orchestration.robust_fit import FitConfig
 
 HOPS: tuple[str, ...] = ("inputs and tokens", "encoder outputs", "encoder outputs backward")
 """The per-phase step's exchanges, in the order their times travel."""
 
 _NS = 1e9
+
+STARTING_EXCHANGE_LATENCY_S = 2e-4
+"""Starting latency of one all-to-all (gloo on one host: 0.1-1 ms); the fit replaces it."""
+
+STARTING_EXCHANGE_SECONDS_PER_BYTE = 1e-9
+"""Starting seconds per byte of the busiest rank (1 GB/s); the fit replaces it."""
+
+REWEIGHTING_ITERATIONS = 10
+"""Iterations of the robust fit's reweighting (``FitConfig.iterations``)."""
+
+FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=200)
+"""The planner's work limits with fitted costs: the branch and bound searches 200 nodes
+(LPT, Karmarkar-Karp and the refinement are unchanged). Fitted costs carry per-call and
+per-item constants, which weaken the exact search's bound: with its default node budget a
+16-item plan could take 0.2 s of a core."""
 
 REFIT_EVERY = 4
 """Iterations between refits (every iteration's times are recorded): a robust fit of a phase
@@ -86,6 +103,19 @@ class CostFeedback:
         """This rank's latest measurement, not yet gathered."""
         self.exchanged_at = -1
         """The latest iteration whose exchanges were observed (-1: none yet)."""
+
+    @classmethod
+    def starting(
+        cls, start: CostModel, payload: PayloadBytes, window: int, warmup: int
+    ) -> "CostFeedback":
+        """The per-phase step's fits (``--cost-fit``), as they start: from ``start``, the
+        starting exchange model with ``payload``'s sizes, over ``--cost-fit-window`` iterations
+        after ``--cost-fit-warmup`` (the trainer's, and SEMU's replay of them)."""
+        exchange = ExchangeCost(
+            STARTING_EXCHANGE_LATENCY_S, STARTING_EXCHANGE_SECONDS_PER_BYTE, payload
+        )
+        config = FitConfig(window=window, warmup=warmup, iterations=REWEIGHTING_ITERATIONS)
+        return cls(start, exchange, config)
 
     @property
     def phases(self) -> tuple[str, ...]:

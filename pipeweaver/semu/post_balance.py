@@ -23,8 +23,9 @@ exactly the trainer's samples in the trainer's order:
 
 Exchanges are costed on the cluster's links with the dispatcher's own routing
 (:func:`orchestration.dispatcher.plan_hops`): one all-to-all, or the node-wise three hops when
-``--node-wise-a2a`` is on. The plans are those of the trainer's first iterations: its online
-cost fit (``--cost-fit``) replaces the starting cost model only after its warm-up.
+``--node-wise-a2a`` is on. With the trainer's online cost fit (``--cost-fit``, at TP = 1) a
+later iteration's per-phase plan is made with the costs the fit holds by then, replayed on
+SEMU's own times (:mod:`pipeweaver.semu.fitted_costs`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from orchestration.balance import DEFAULT_BUDGET, WorkBudget
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import plan_hops
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes
@@ -85,10 +87,10 @@ class PostBalanceSetup:
     (``--no-overlap-exchanges``: False)."""
 
     exchange: ExchangeCost | None = None
-    """The gain-versus-exchange check of the per-phase plan (:func:`link_exchange_cost`):
-    a phase keeps the ordinary assignment when moving its data costs more than balancing
-    gains. Applied with costs in seconds only, as the trainer's (which checks once its fit
-    gives seconds); None: every phase runs the balancer's assignment."""
+    """The gain-versus-exchange check of the per-phase plan: a phase keeps the ordinary
+    assignment when moving its data costs more than balancing gains. Applied with costs in
+    seconds only, as the trainer applies its fitted one (:mod:`pipeweaver.semu.fitted_costs`);
+    None: every phase runs the balancer's assignment."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,10 @@ class BalancedBatches:
     background: bool = True
     """PP = 1: the exchanges run in the background from their post (the direct all-to-all),
     not where the step waits for them (the node-wise one)."""
+
+    exchange_bytes: list[float] = field(default_factory=list)
+    """PP = 1: per exchange (as :attr:`exchange_s`), its busiest rank's bytes (what the
+    trainer's exchange fit observes; 0: nothing moves, the step skips it)."""
 
 
 def gathered_metadata(
@@ -154,17 +160,6 @@ def exchange_seconds(
                 matrix[here][nxt] = float(sum(rows_bytes[s, d] for s, d in blocks))
         total += semu.cost.comm.all_to_all(matrix, ranks)
     return total
-
-
-def link_exchange_cost(semu: Semu, payload: PayloadBytes, ranks: Sequence[int]) -> ExchangeCost:
-    """The exchange model of the cluster's links for the planner's check: one all-to-all
-    over the DP ranks ``ranks`` (global device indices) costs ``(n - 1)`` link latencies plus
-    the busiest rank's bytes over its link's bandwidth, NVLink when the ranks share a node,
-    the NIC otherwise (:meth:`pipeweaver.semu.timing.CommModel.all_to_all_total`'s terms)."""
-    comm = semu.cost.comm
-    intra = semu.cluster.same_node(list(ranks))
-    bw, lat = (comm.intra_bw, comm.intra_lat) if intra else (comm.inter_bw, comm.inter_lat)
-    return ExchangeCost(max(len(ranks) - 1, 0) * lat, 1.0 / bw, payload)
 
 
 def _form(md, costs, tokens, members, m, setup) -> list[list[int]]:
@@ -235,9 +230,12 @@ def phase_balanced_batches(
     setup: PostBalanceSetup,
     num_microbatches: int,
     flops_of: Callable[[SampleMeta], float],
+    budget: WorkBudget = DEFAULT_BUDGET,
 ) -> BalancedBatches:
     """PP = 1: every phase balanced across DP ranks, then the LLM workers' microbatches (the
-    trainer's ``PhaseBalancedStep``, planned with its starting cost model).
+    trainer's ``PhaseBalancedStep``: the LLM phase leaves every rank at least
+    ``num_microbatches`` samples, as the running step asks; ``budget``, the planner's work
+    limits, is ``orchestration.cost_feedback.FITTED_BUDGET`` once its costs are fitted).
 
     Raises:
         InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
@@ -250,6 +248,8 @@ def phase_balanced_batches(
         caps=dict(setup.caps) or None,
         gpus_per_node=setup.gpus_per_node,
         exchange=setup.exchange if cost_model.unit == "seconds" else None,
+        budget=budget,
+        min_llm_samples=num_microbatches,
     )
     llm = plan.phase("llm")
     R = plan.num_ranks
@@ -290,12 +290,46 @@ def phase_balanced_batches(
             p.phase, 0.0
         )
     ranks = [semu.tp * d for d in range(R)]
-    exchange = [
-        exchange_seconds(semu, inputs, ranks, setup),
-        exchange_seconds(semu, outputs, ranks, setup),
-        exchange_seconds(semu, outputs.T, ranks, setup),
-    ]
-    return BalancedBatches(samples, mbs, exchange, plan, enc_work, overlap, not setup.node_wise)
+    hops = (inputs, outputs, outputs.T)
+    exchange = [exchange_seconds(semu, matrix, ranks, setup) for matrix in hops]
+    return BalancedBatches(samples, mbs, exchange, plan, enc_work, overlap, not setup.node_wise,
+                           [busiest_rank_bytes(matrix) for matrix in hops])  # fmt: skip
+
+
+def busiest_rank_bytes(matrix: np.ndarray) -> float:
+    """Bytes of an exchange's busiest rank (``matrix[src, dst]``, the diagonal staying put):
+    the larger of what it sends to the others and what it receives from them."""
+    moved = np.asarray(matrix, dtype=np.float64) * (1.0 - np.eye(len(matrix)))
+    return float(max(moved.sum(axis=1).max(), moved.sum(axis=0).max())) if moved.size else 0.0
+
+
+def phase_seconds(semu: Semu, batches: BalancedBatches, memory: Memory = Memory.NONE) -> list:
+    """Per DP rank, its compute seconds per phase in a per-phase balanced step, as the
+    trainer's ``PhaseBalancedStep`` measures them for its cost fit: each encoder's forward and
+    backward on all its units, the LLM microbatches' forwards and backwards."""
+    layers = semu.spec.layers()
+    placement = Placement.baseline(1, layers, 1)
+    out = []
+    for d, mbs in enumerate(batches.microbatches):
+        work = batches.encoder_work[d]
+        seconds = {}
+        for e in layers:
+            if e != "llm":
+                seconds[e] = sum(_cost(semu, placement, e, k, 0, work, memory).time_s
+                                 for k in (Kind.F, Kind.B)) if work.num_subs(e) else 0.0  # fmt: skip
+        seconds["llm"] = sum(
+            _cost(semu, placement, "llm", k, i, mb, memory).time_s
+            for i, mb in enumerate(mbs)
+            for k in (Kind.F, Kind.B)
+        )
+        out.append(seconds)
+    return out
+
+
+def _cost(semu: Semu, placement: Placement, module: str, kind: Kind, index: int,
+          mb: MicrobatchMeta, memory: Memory):  # fmt: skip
+    """SEMU's cost of one compute of the per-phase step (one chunk per module at PP = 1)."""
+    return semu.compute_cost(placement, Compute(module, 0, kind, index, 0, memory), mb)
 
 
 @collector_paused()
@@ -329,7 +363,7 @@ def simulate_phase_balanced(
     host = [h + step_s for h in host]
 
     def cost(module: str, kind: Kind, index: int, mb: MicrobatchMeta):
-        return semu.compute_cost(placement, Compute(module, 0, kind, index, 0, memory), mb)
+        return _cost(semu, placement, module, kind, index, mb, memory)
 
     # Per rank, five runs of computes (module, kind, microbatch index, cost) in execution
     # order: encoders forward, the three groups of LLM microbatches, encoders backward.

@@ -22,6 +22,7 @@ from megatron.mllm.data import BatchLoader, SyntheticTask
 from megatron.mllm.steps.base import PackedStep
 from megatron.mllm.steps.phase_balanced import PhaseBalancedStep
 from megatron.mllm.steps.sample_balanced import SampleBalancedStep
+from orchestration.cost_feedback import CostFeedback
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.locality import group_ranks_per_node
@@ -154,6 +155,7 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         md = gathered[d].metadata
         step = PhaseBalancedStep(loaded.run, loaded.model, dispatchers[d], cost_model, None,
                                  torch.device("cpu"))  # fmt: skip
+        step.num_microbatches = loaded.run.num_microbatches  # as after its first call
         plan = step.plan_for(md)
         llm = plan.phase("llm")
         mine = llm.dispatch.dst_items(d)
@@ -417,20 +419,49 @@ def test_phase_plan_keeps_the_ordinary_assignment_when_exchanges_cost_more_than_
     assert _phase_plan_moves(3600.0, "flops")
 
 
-def test_link_exchange_cost_is_the_clusters_all_to_all():
-    """(n - 1) link latencies plus bytes over the link: NVLink in a node, the NIC across."""
-    from orchestration.exchange_cost import PayloadBytes
-    from pipeweaver.semu.post_balance import link_exchange_cost
+def test_after_the_fits_warm_up_semu_plans_with_costs_fitted_to_its_own_times():
+    """--cost-fit replayed on SEMU's times (pipeweaver.semu.fitted_costs): before the warm-up
+    the plan is the starting one (FLOPs); after it, the trainer's fits, fed SEMU's per-rank
+    phase seconds in the trainer's order, predict those seconds, and the exchange check weighs
+    each phase's gain against the fitted exchange time (here a tiny model on H100s, whose
+    imbalance is worth microseconds: no phase pays for an all-to-all)."""
+    from pipeweaver.semu.fitted_costs import replay_cost_fit
+    from pipeweaver.semu.post_balance import phase_seconds
 
-    flags = {k: v for k, v in FLAGS.items() if k != "post-balance"}
-    semu = Semu(run_from_flags(flag_argv(set_flags(flags)), 4).semu, _cluster(4))
-    dev, eff, payload = semu.cluster.device, semu.cluster.efficiency, PayloadBytes({}, {})
-    inside = link_exchange_cost(semu, payload, [0, 1])
-    assert inside.latency_s == pytest.approx(dev.intra_node_latency_s)
-    assert inside.bandwidth == pytest.approx(dev.intra_node_bandwidth * eff.intra_node)
-    across = link_exchange_cost(semu, payload, [0, 1, 2, 3])  # 2 devices per node
-    assert across.latency_s == pytest.approx(3 * dev.inter_node_latency_s)
-    assert across.bandwidth == pytest.approx(dev.inter_node_bandwidth * eff.inter_node)
-    assert across.seconds(1e9) == pytest.approx(
-        semu.cost.comm.all_to_all_total(1e9 * 4 / 3, 4, False)
+    dp = 4
+    flags = {k: v for k, v in FLAGS.items() if k != "no-cost-fit"}
+    loaded = run_from_flags(flag_argv(set_flags(flags)), dp)
+    warmup = loaded.run.balance.cost_fit_warmup
+    semu = Semu(loaded.semu, _cluster(dp))
+
+    def step(iteration):
+        return semu_balance.phase_balanced_step(
+            semu, loaded, None, workload=None, seed=None, token_scale=None, iteration=iteration,
+            memory=None, record_events=False,
+        )[1:]  # fmt: skip
+
+    cold, info = step(warmup)  # the fits have observed iterations 0 .. warmup - 2: not warm
+    assert {p.unit for p in cold.plan.phases} == {"flops"} and "cost_fit" not in info
+    assert cold.plan.describe_decisions() == ""
+    nofit = run_from_flags(flag_argv(set_flags(FLAGS)), dp)
+    same = semu_balance.phase_balanced_step(
+        semu, nofit, None, workload=None, seed=None, token_scale=None, iteration=warmup,
+        memory=None, record_events=False,
+    )[1]  # fmt: skip
+    assert _ids(same.samples[0]) == _ids(cold.samples[0]) and same.plan.digest == cold.plan.digest
+    for iteration in (warmup + 2, warmup + 6):
+        warm, info = step(iteration)
+        assert {p.unit for p in warm.plan.phases} == {"seconds"} and "llm:" in info["cost_fit"]
+        measured = phase_seconds(semu, warm)
+        for p in warm.plan.phases:
+            want = np.array([measured[d][p.phase] for d in range(dp)])
+            np.testing.assert_allclose(p.loads_after, want, rtol=0.02)
+            assert p.decision == "kept" and p.exchange_cost > 0
+    # The trainer's timeline: the plan of iteration i sees the times of iterations <= i - 2.
+    fit = CostFeedback.starting(CostModel.build(loaded.model.shape(), None),
+                                semu_balance.setup_of(loaded).payload, 64, warmup)  # fmt: skip
+    seen = []
+    replay_cost_fit(semu, fit, lambda it, *a: seen.append(it) or cold, 5)
+    assert (
+        seen == [0, 1, 2, 3, 4] and fit.costs.state_dict()["phases"]["llm"]["last_iteration"] == 3
     )

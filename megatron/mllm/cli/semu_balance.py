@@ -17,16 +17,17 @@ import dataclasses
 from typing import Any, Callable
 
 from megatron.mllm.arguments import ConfigError
-from orchestration.balance import InfeasibleCapError
+from orchestration.balance import DEFAULT_BUDGET, InfeasibleCapError
+from orchestration.cost_feedback import FITTED_BUDGET, CostFeedback
 from orchestration.cost_model import CostModel
 from pipeweaver.ir import Memory
+from pipeweaver.semu.fitted_costs import replay_cost_fit
 from pipeweaver.semu.model import ModelSpec
 from pipeweaver.semu.packed_baseline import packed_batches
 from pipeweaver.semu.post_balance import (
     BalancedBatches,
     PostBalanceSetup,
     gathered_metadata,
-    link_exchange_cost,
     phase_balanced_batches,
     sample_balanced_batches,
     simulate_phase_balanced,
@@ -181,34 +182,45 @@ def phase_balanced_step(
     memory: str | None,
     record_events: bool,
 ) -> tuple[StepPrediction, BalancedBatches, dict[str, Any]]:
-    """PP = 1: the trainer's per-phase plan of one iteration, simulated.
+    """PP = 1: the trainer's per-phase plan of one iteration, simulated. With ``--cost-fit``
+    (the trainer's default) the plans of the iterations before are replayed on SEMU's times
+    first (:mod:`pipeweaver.semu.fitted_costs`): after the fit's warm-up the plan is made with
+    the fitted costs and weighs each phase's gain against the fitted exchange time, as the
+    trainer's is.
 
     Returns:
         The step, the batches it ran, and the ``info`` of :func:`build_step`'s form.
     """
     setup = setup_of(loaded)
-    # The planner's gain-versus-exchange check, priced on the cluster's links (one DP group).
-    ranks = [semu.tp * d for d in range(semu.dp)]
-    exchange = link_exchange_cost(semu, setup.payload, ranks)
-    setup = dataclasses.replace(setup, exchange=exchange)
     spec = loaded.semu
     dp = semu.dp
     m = spec.training.num_microbatches(dp)
     sample_of = sample_source(spec, workload, seed, token_scale)
-    md = gathered_metadata(sample_of, iteration, dp, spec.training.micro_batch_size, m)
     shape = spec.shape
-    try:
-        batches = phase_balanced_batches(
-            semu,
-            md,
-            CostModel.build(shape, calibration),
-            setup,
-            m,
-            lambda s: sum(shape.sample_phase_flops(s).values()),
-        )
-    except InfeasibleCapError as e:
-        raise _cap_error(e, setup) from None
     strategy = Memory(memory or spec.training.memory)
+
+    def plan_of(it: int, costs: CostModel, check, fitted: bool) -> BalancedBatches:
+        md = gathered_metadata(sample_of, it, dp, spec.training.micro_batch_size, m)
+        flops_of = lambda s: sum(shape.sample_phase_flops(s).values())  # noqa: E731
+        budget = FITTED_BUDGET if fitted else DEFAULT_BUDGET
+        try:
+            return phase_balanced_batches(semu, md, costs, dataclasses.replace(setup, exchange=check),
+                                          m, flops_of, budget)  # fmt: skip
+        except InfeasibleCapError as e:
+            raise _cap_error(e, setup) from None
+
+    cost_model = CostModel.build(shape, calibration)
+    b = loaded.run.balance
+    fit = None
+    # The trainer fits only where its DP group is the world (TP = 1): the measured times ride
+    # on that group's metadata gather. Without a fit it never weighs exchanges.
+    if b.cost_fit and semu.tp == 1:
+        fit = CostFeedback.starting(cost_model, setup.payload, b.cost_fit_window, b.cost_fit_warmup)
+        replay_cost_fit(semu, fit, plan_of, iteration, strategy)
+        fitted, exchange = fit.models(iteration)
+        batches = plan_of(iteration, fitted, exchange, fitted is not cost_model)
+    else:
+        batches = plan_of(iteration, cost_model, None, False)
     result = simulate_phase_balanced(semu, batches, strategy, record_events)
     info = {
         "model": spec.name,
@@ -223,6 +235,8 @@ def phase_balanced_step(
         "iteration": iteration,
         "replicas_simulated": dp,
     }
+    if fit is not None and fit.costs.ready:
+        info["cost_fit"] = fit.describe()
     return result, batches, info
 
 

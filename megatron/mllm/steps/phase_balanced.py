@@ -31,7 +31,6 @@ the global number of loss tokens.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import numpy as np
@@ -52,25 +51,13 @@ from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from megatron.mllm.steps.encoder_outputs import EncoderOutputs
 from orchestration.balance import DEFAULT_BUDGET
-from orchestration.cost_feedback import CostFeedback, Measured
+from orchestration.cost_feedback import FITTED_BUDGET, CostFeedback, Measured
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.exchange_cost import ExchangeCost, PayloadBytes
+from orchestration.exchange_cost import PayloadBytes
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import overlap_order
 from orchestration.phase_plan import IterationPlan, plan_iteration
-from orchestration.robust_fit import FitConfig
-
-EXCHANGE_LATENCY_S = 2e-4
-"""Starting latency of one all-to-all (gloo on one host: 0.1-1 ms); the fit replaces it."""
-
-EXCHANGE_SECONDS_PER_BYTE = 1e-9
-"""Starting seconds per byte of the busiest rank (1 GB/s); the fit replaces it."""
-
-
-FITTED_BUDGET = dataclasses.replace(DEFAULT_BUDGET, exact_nodes=200)
-"""The planner's work limits with fitted costs: the branch and bound searches 200 nodes
-(LPT, Karmarkar-Karp and the refinement are unchanged)."""
 
 
 def payload_bytes(mllm: MLLMConfig, real_data: bool) -> PayloadBytes:
@@ -125,15 +112,10 @@ class PhaseBalancedStep(BalancedStep):
         # The fits need every rank's times on every rank: they ride on the DP group's metadata
         # gather, which reaches every rank only when that group is the world (TP = 1).
         if b.cost_fit and dispatcher.world == dist.get_world_size():
-            self.feedback = CostFeedback(
-                cost_model,
-                ExchangeCost(
-                    EXCHANGE_LATENCY_S,
-                    EXCHANGE_SECONDS_PER_BYTE,
-                    payload_bytes(mllm, run.data is not None),
-                ),
-                FitConfig(window=b.cost_fit_window, warmup=b.cost_fit_warmup, iterations=10),
-            )
+            self.feedback = CostFeedback.starting(
+                cost_model, payload_bytes(mllm, run.data is not None), b.cost_fit_window,
+                b.cost_fit_warmup,
+            )  # fmt: skip
         # The guard's measurements must reach every rank alike: they ride on the same gather.
         if fallback is not None and dispatcher.world == dist.get_world_size():
             if b.post_balance_alternate:
@@ -167,8 +149,6 @@ class PhaseBalancedStep(BalancedStep):
         b = self.balance
         kwargs = dict(phases=b.balance_phases, gpus_per_node=self.dispatcher.gpus_per_node,
                       budget=DEFAULT_BUDGET, min_llm_samples=self.num_microbatches)  # fmt: skip
-        # Fitted costs carry per-call and per-item constants, which weaken the exact search's
-        # bound: with its default node budget a 16-item plan could take 0.2 s of a core.
         return plan_iteration, kwargs, {"budget": FITTED_BUDGET}
 
     def log_note(self) -> str | None:
