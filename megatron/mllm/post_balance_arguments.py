@@ -22,17 +22,14 @@ def check_post_balance(args: argparse.Namespace) -> None:
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     check_interval(args.post_balance_guard_interval, "--post-balance-guard-interval")
-    alt, pp, tp = (args.post_balance_alternate, args.pipeline_model_parallel_size,
-                   args.tensor_model_parallel_size)  # fmt: skip
+    alt, pp = args.post_balance_alternate, args.pipeline_model_parallel_size
     if alt < 0:
         raise ValueError(f"--post-balance-alternate must be >= 0 (0: off), got {alt}")
-    if alt and (args.post_balance == "none" or pp != 1 or tp != 1):
-        # Megatron's step's times reach every rank on the DP group's metadata gather.
+    if alt and (args.post_balance == "none" or pp != 1):
         raise ValueError(
             f"--post-balance-alternate {alt} alternates per-phase balancing with Megatron's step: "
-            "it needs --post-balance lpt, kk or auto, --pipeline-model-parallel-size 1 and "
-            f"--tensor-model-parallel-size 1 (got --post-balance {args.post_balance}, "
-            f"--pipeline-model-parallel-size {pp}, --tensor-model-parallel-size {tp})"
+            "it needs --post-balance lpt, kk or auto and --pipeline-model-parallel-size 1 (got "
+            f"--post-balance {args.post_balance}, --pipeline-model-parallel-size {pp})"
         )
     if args.cost_fit_warmup > args.cost_fit_window:
         raise ValueError(

@@ -23,8 +23,8 @@ exactly the trainer's samples in the trainer's order:
 
 Exchanges are costed on the cluster's links with the dispatcher's own routing
 (:func:`orchestration.dispatcher.plan_hops`): one all-to-all, or the node-wise three hops when
-``--node-wise-a2a`` is on. With the trainer's online cost fit (``--cost-fit``, at TP = 1) a
-later iteration's per-phase plan is made with the costs the fit holds by then, replayed on
+``--node-wise-a2a`` is on. With the trainer's online cost fit (``--cost-fit``) a later
+iteration's per-phase plan is made with the costs the fit holds by then, replayed on
 SEMU's own times (:mod:`pipeweaver.semu.fitted_costs`).
 """
 

@@ -212,9 +212,9 @@ def phase_balanced_step(
     cost_model = CostModel.build(shape, calibration)
     b = loaded.run.balance
     fit = None
-    # The trainer fits only where its DP group is the world (TP = 1): the measured times ride
-    # on that group's metadata gather. Without a fit it never weighs exchanges.
-    if b.cost_fit and semu.tp == 1:
+    # Without a fit (--no-cost-fit) the trainer plans with its starting costs and never
+    # weighs exchanges.
+    if b.cost_fit:
         fit = CostFeedback.starting(cost_model, setup.payload, b.cost_fit_window, b.cost_fit_warmup)
         replay_cost_fit(semu, fit, plan_of, iteration, strategy)
         fitted, exchange = fit.models(iteration)

@@ -109,15 +109,24 @@ class PhaseBalancedStep(BalancedStep):
         """The step's microbatch count (of the latest call): the LLM phase leaves every rank at
         least as many samples, so that all run as many microbatches (0 before the first)."""
         b = run.balance
-        # The fits need every rank's times on every rank: they ride on the DP group's metadata
-        # gather, which reaches every rank only when that group is the world (TP = 1).
-        if b.cost_fit and dispatcher.world == dist.get_world_size():
+        tp = getattr(pg_collection, "tp", None)
+        self.tp_group = tp if tp is not None and dist.get_world_size(tp) > 1 else None
+        """With TP > 1, the tensor-parallel group whose ranks' control words are made equal
+        before each metadata gather (:meth:`control_words`); else None."""
+        # The fits and the guard need every rank's times on every rank, alike: the times ride on
+        # the DP group's metadata gather, and with TP > 1 (each TP rank gathering over its own
+        # DP group) they are first made equal across each TP group, so that every DP group
+        # gathers the same values and every rank makes the same plans.
+        shared = b.cost_fit or fallback is not None
+        if shared:
+            tp_size = dist.get_world_size(self.tp_group) if self.tp_group is not None else 1
+            shared = dispatcher.world * tp_size == dist.get_world_size()
+        if b.cost_fit and shared:
             self.feedback = CostFeedback.starting(
                 cost_model, payload_bytes(mllm, run.data is not None), b.cost_fit_window,
                 b.cost_fit_warmup,
             )  # fmt: skip
-        # The guard's measurements must reach every rank alike: they ride on the same gather.
-        if fallback is not None and dispatcher.world == dist.get_world_size():
+        if fallback is not None and shared:
             if b.post_balance_alternate:
                 first = b.post_balance_alternate_first == "balanced"
                 self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
@@ -142,6 +151,18 @@ class PhaseBalancedStep(BalancedStep):
             text += (f", its measured gain over Megatron's step probed every {g.interval} "
                      f"iterations from the {g.next_probe + 1}th")  # fmt: skip
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
+
+    def control_words(self, iteration: int) -> np.ndarray | None:
+        """:meth:`BalancedStep.control_words`, made equal across the TP group when TP > 1: the
+        largest of each measured time (the TP ranks of one DP rank ran the same work; the
+        slowest is what the step waits for). Every TP rank has words or none alike, of one
+        length: the sections follow the plan and the iteration, which the TP ranks share."""
+        words = super().control_words(iteration)
+        if self.tp_group is None or words is None:
+            return words
+        shared = torch.from_numpy(words).to(self.device)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX, group=self.tp_group)
+        return shared.cpu().numpy()
 
     def planner(self):
         """``plan_iteration`` over the balanced phases; a phase whose predicted gain does not pay
