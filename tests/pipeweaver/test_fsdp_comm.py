@@ -194,3 +194,12 @@ def test_cli_sharding_and_overlap_param_gather(capsys):
     assert static["weights"] == pytest.approx(static["params"] * 4 / 2)  # fp32, DP 2
     assert semu_cli.main([*base, "--overlap-param-gather"]) == 2
     assert "--overlap-param-gather needs --use-distributed-optimizer" in capsys.readouterr().err
+    # Megatron-FSDP's mesh is DP x TP of the whole world: no pipeline to simulate.
+    pp2 = [*base, "--set", "pipeline-model-parallel-size=2"]
+    assert semu_cli.main([*pp2, "--data-parallel-sharding-strategy", "optim_grads"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --data-parallel-sharding-strategy optim_grads: megatron-core 0.19.2's "
+        "Megatron-FSDP builds its device mesh as DP x TP of the whole world, so it cannot run "
+        "with --pipeline-model-parallel-size 2 (--set pipeline-model-parallel-size=1)"
+    ]

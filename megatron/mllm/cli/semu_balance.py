@@ -272,9 +272,18 @@ def with_sharding(spec: ModelSpec, args: argparse.Namespace) -> ModelSpec:
 
     Raises:
         ConfigError: ``--overlap-param-gather`` without a sharded optimizer (Megatron asserts
-            ``--use-distributed-optimizer`` for it).
+            ``--use-distributed-optimizer`` for it); Megatron-FSDP with PP > 1, which
+            megatron-core 0.19.2 cannot build.
     """
     if args.data_parallel_sharding_strategy:
+        if spec.parallel.pipeline > 1:
+            # Simulating it would predict a run no one can start.
+            raise ConfigError(
+                f"--data-parallel-sharding-strategy {args.data_parallel_sharding_strategy}: "
+                "megatron-core 0.19.2's Megatron-FSDP builds its device mesh as DP x TP of the "
+                f"whole world, so it cannot run with --pipeline-model-parallel-size "
+                f"{spec.parallel.pipeline} (--set pipeline-model-parallel-size=1)"
+            )
         parallel = dataclasses.replace(
             spec.parallel, data_parallel_sharding=args.data_parallel_sharding_strategy
         )
