@@ -86,6 +86,13 @@ def sum_over_group(tensor: torch.Tensor, group) -> torch.Tensor:
     return tensor
 
 
+def max_over_group(tensor: torch.Tensor, group) -> torch.Tensor:
+    """``tensor``'s elementwise maximum over ``group``, in place (e.g. measured times of the
+    ranks of one TP group)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor
+
+
 def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (same shape on every rank), in rank order."""
     out = [torch.zeros_like(tensor) for _ in range(dist.get_world_size(group))]

@@ -48,6 +48,7 @@ from megatron.mllm.batch import (
     thd_params,
 )
 from megatron.mllm.config import MLLMConfig
+from megatron.mllm.distributed import max_over_group
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from megatron.mllm.steps.encoder_outputs import EncoderOutputs
 from orchestration.balance import DEFAULT_BUDGET
@@ -160,8 +161,7 @@ class PhaseBalancedStep(BalancedStep):
         words = super().control_words(iteration)
         if self.tp_group is None or words is None:
             return words
-        shared = torch.from_numpy(words).to(self.device)
-        dist.all_reduce(shared, op=dist.ReduceOp.MAX, group=self.tp_group)
+        shared = max_over_group(torch.from_numpy(words).to(self.device), self.tp_group)
         return shared.cpu().numpy()
 
     def planner(self):
