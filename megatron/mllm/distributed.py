@@ -178,6 +178,11 @@ def global_rank() -> int:
     return dist.get_rank()
 
 
+def group_size(group) -> int:
+    """The number of ranks of a process group (no communication)."""
+    return dist.get_world_size(group)
+
+
 def world_size() -> int:
     """Processes in the world."""
     return dist.get_world_size()

@@ -22,14 +22,13 @@ def check_post_balance(args: argparse.Namespace) -> None:
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     check_interval(args.post_balance_guard_interval, "--post-balance-guard-interval")
-    alt, pp = args.post_balance_alternate, args.pipeline_model_parallel_size
+    alt = args.post_balance_alternate
     if alt < 0:
         raise ValueError(f"--post-balance-alternate must be >= 0 (0: off), got {alt}")
-    if alt and (args.post_balance == "none" or pp != 1):
+    if alt and args.post_balance == "none":
         raise ValueError(
-            f"--post-balance-alternate {alt} alternates per-phase balancing with Megatron's step: "
-            "it needs --post-balance lpt, kk or auto and --pipeline-model-parallel-size 1 (got "
-            f"--post-balance {args.post_balance}, --pipeline-model-parallel-size {pp})"
+            f"--post-balance-alternate {alt} alternates balancing with Megatron's step: it needs "
+            f"--post-balance lpt, kk or auto (got --post-balance {args.post_balance})"
         )
     if args.cost_fit_warmup > args.cost_fit_window:
         raise ValueError(

@@ -180,8 +180,9 @@ class PostBalanceConfig:
     moved. 0 balances every iteration."""
 
     post_balance_alternate: int = 0
-    """Per-phase balancing (PP = 1), for side-by-side measurement: alternate blocks of this
-    many iterations between the balanced step and Megatron's for the whole run, in place of the
+    """For side-by-side measurement (per-phase balancing, and whole samples at PP > 1):
+    alternate blocks of this many iterations between the balanced step and Megatron's
+    assignment for the whole run, in place of the
     guard (tools/bench/post_balance_cpu.py runs two runs of opposite phase, so that every batch
     runs once each way). 0: off."""
 

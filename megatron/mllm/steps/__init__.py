@@ -112,6 +112,7 @@ def _balanced(run, mllm, model: PlacedModel, pg_collection, dispatcher, device,
         pg_collection.pp,
         model.holds_encoder_inputs,
         device,
+        tp_group=pg_collection.tp,
     )
 
 

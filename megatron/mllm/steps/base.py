@@ -24,6 +24,7 @@ import torch.distributed as dist
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import encoder_input_dtype
 from megatron.mllm.data import LoadedMicrobatch
+from megatron.mllm.distributed import max_over_group
 from megatron.mllm.steps.plan_ahead import PlanAhead, check_control_digests, digest_words
 from megatron.mllm.timers import NULL_TIMERS, StepTimers
 from orchestration.balance import InfeasibleCapError
@@ -289,6 +290,10 @@ class BalancedStep(TrainingStep):
         the guard keeps unbalanced."""
         self._loaded_at: tuple[int, float] | None = None  # the latest load: iteration, clock
         self._balanced_next: tuple[int, bool] | None = None  # the next iteration's mode
+        self.equal_over: list = []
+        """Process groups (TP, PP) whose ranks share this rank's DP index: each gathers the
+        control words over its own DP group, so the words are first made equal over these
+        (:meth:`control_words`), and every rank fits, plans and guards alike."""
 
     def describe_balance(self, mode: str) -> str:
         """``post-balance: auto, <mode>[, node-wise all-to-all (...)]`` for the setup line."""
@@ -299,6 +304,18 @@ class BalancedStep(TrainingStep):
                 "per node)"
             )
         return text
+
+    def describe_guard(self) -> str:
+        """The guard's part of the setup line (empty without one)."""
+        g = self.guard
+        if isinstance(g, AlternatingArms):
+            first = "balanced" if g.first_on else "Megatron's step"
+            return (f", alternating with Megatron's step in blocks of {g.block} iterations "
+                    f"({first} first; --post-balance-alternate)")  # fmt: skip
+        if g is not None:
+            return (f", its measured gain over Megatron's step probed every {g.interval} "
+                    f"iterations from the {g.next_probe + 1}th")  # fmt: skip
+        return ""
 
     def planner(self) -> tuple[Callable[..., Any], dict[str, Any], dict[str, Any]]:
         """The step's module-level planner, its keyword arguments beyond the algorithm and the
@@ -350,6 +367,16 @@ class BalancedStep(TrainingStep):
         return self.ahead.enabled
 
     def control_words(self, iteration: int) -> np.ndarray | None:
+        """This rank's control words for ``iteration``'s metadata gather, made equal over
+        :attr:`equal_over`: the largest of each measured time (the ranks of one DP index ran
+        the same work; the slowest is what the step waits for). All those ranks have words or
+        none alike, of one length: the sections follow the plan and the iteration."""
+        words = self._own_control_words(iteration)
+        for group in self.equal_over if words is not None else ():
+            words = max_over_group(torch.from_numpy(words).to(self.device), group).cpu().numpy()
+        return words
+
+    def _own_control_words(self, iteration: int) -> np.ndarray | None:
         digest = np.zeros(0, np.int64)
         if self.fold_digest and self.ahead.has(iteration):
             with self.timers.span("plan-wait"):

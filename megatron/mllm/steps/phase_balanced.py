@@ -48,7 +48,6 @@ from megatron.mllm.batch import (
     thd_params,
 )
 from megatron.mllm.config import MLLMConfig
-from megatron.mllm.distributed import max_over_group
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from megatron.mllm.steps.encoder_outputs import EncoderOutputs
 from orchestration.balance import DEFAULT_BUDGET
@@ -111,16 +110,15 @@ class PhaseBalancedStep(BalancedStep):
         least as many samples, so that all run as many microbatches (0 before the first)."""
         b = run.balance
         tp = getattr(pg_collection, "tp", None)
-        self.tp_group = tp if tp is not None and dist.get_world_size(tp) > 1 else None
-        """With TP > 1, the tensor-parallel group whose ranks' control words are made equal
-        before each metadata gather (:meth:`control_words`); else None."""
+        if tp is not None and dist.get_world_size(tp) > 1:
+            self.equal_over = [tp]
         # The fits and the guard need every rank's times on every rank, alike: the times ride on
         # the DP group's metadata gather, and with TP > 1 (each TP rank gathering over its own
         # DP group) they are first made equal across each TP group, so that every DP group
         # gathers the same values and every rank makes the same plans.
         shared = b.cost_fit or fallback is not None
         if shared:
-            tp_size = dist.get_world_size(self.tp_group) if self.tp_group is not None else 1
+            tp_size = dist.get_world_size(tp) if self.equal_over else 1
             shared = dispatcher.world * tp_size == dist.get_world_size()
         if b.cost_fit and shared:
             self.feedback = CostFeedback.starting(
@@ -142,27 +140,8 @@ class PhaseBalancedStep(BalancedStep):
                      "iterations")  # fmt: skip
         if self.ahead.enabled:
             text += ", planned ahead"
-        if isinstance(self.guard, AlternatingArms):
-            g = self.guard
-            first = "balanced" if g.first_on else "Megatron's step"
-            text += (f", alternating with Megatron's step in blocks of {g.block} iterations "
-                     f"({first} first; --post-balance-alternate)")  # fmt: skip
-        elif self.guard is not None:
-            g = self.guard
-            text += (f", its measured gain over Megatron's step probed every {g.interval} "
-                     f"iterations from the {g.next_probe + 1}th")  # fmt: skip
+        text += self.describe_guard()
         return text + " | schedule: orchestrated two-hop (encoders, then LLM microbatches)"
-
-    def control_words(self, iteration: int) -> np.ndarray | None:
-        """:meth:`BalancedStep.control_words`, made equal across the TP group when TP > 1: the
-        largest of each measured time (the TP ranks of one DP rank ran the same work; the
-        slowest is what the step waits for). Every TP rank has words or none alike, of one
-        length: the sections follow the plan and the iteration, which the TP ranks share."""
-        words = super().control_words(iteration)
-        if self.tp_group is None or words is None:
-            return words
-        shared = max_over_group(torch.from_numpy(words).to(self.device), self.tp_group)
-        return shared.cpu().numpy()
 
     def planner(self):
         """``plan_iteration`` over the balanced phases; a phase whose predicted gain does not pay

@@ -21,6 +21,7 @@ from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, tak
 from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
+from orchestration.measured_guard import AlternatingArms
 from orchestration.metadata import sample_encoder_tokens
 from orchestration.sample_plan import plan_whole_samples
 
@@ -30,21 +31,34 @@ class SampleBalancedStep(BalancedStep):
 
     def __init__(self, engine: PackedStep, run, mllm: MLLMConfig, dispatcher: Dispatcher,
                  cost_model: CostModel, pp_group, with_features: bool,
-                 device: torch.device):  # fmt: skip
+                 device: torch.device, tp_group=None):  # fmt: skip
         """Args: those of :class:`BalancedStep` (``dispatcher`` over this stage's DP group), and
 
         engine: the group's pipeline, with its packing.
         pp_group: this rank's pipeline group (to add up what every stage moved).
         with_features: this stage runs an encoder's input layer, so features move too.
+        tp_group: this rank's tensor-parallel group (None: TP = 1).
+
+        With ``--post-balance-alternate K`` the step alternates blocks of K iterations with the
+        engine on the loader's samples (Megatron's assignment). The iteration times ride on
+        each stage's DP gather, made equal over the pipeline (and TP) group first, so every
+        rank switches alike. The probing guard (``--post-balance-guard-interval``) is not on
+        here yet.
         """
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.engine = engine
         self.padded_length = engine.padded_length
         self.pp_group = pp_group
         self.with_features = with_features
+        self.equal_over = [g for g in (pp_group, tp_group)
+                           if g is not None and distributed.group_size(g) > 1]  # fmt: skip
+        b = run.balance
+        if b.post_balance_alternate:
+            first = b.post_balance_alternate_first == "balanced"
+            self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
 
     def describe(self) -> str:
-        text = self.describe_balance("whole samples across DP groups")
+        text = self.describe_balance("whole samples across DP groups") + self.describe_guard()
         return f"{text} | schedule: {self.engine.schedule}"
 
     @property
@@ -68,6 +82,8 @@ class SampleBalancedStep(BalancedStep):
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs) -> list:
         loaded = take(data_iterator, num_microbatches)
+        if not self.balances(loaded[0].batch.iteration):
+            return self._unbalanced(loaded, **kwargs)
         metadata = loaded[0].batch.metadata
         local = [s for mb in loaded for s in mb.samples]
         disp, me = self.dispatcher, self.dispatcher.rank
@@ -124,18 +140,40 @@ class SampleBalancedStep(BalancedStep):
         self.balance_stats = stats
         return self.engine.run_packed(microbatches, **kwargs)
 
+    def _unbalanced(self, loaded, **kwargs) -> list:
+        """An iteration the alternation runs as Megatron would: the engine on the loader's
+        samples, nothing planned or moved; its times still reach the alternation."""
+        batch = loaded[0].batch
+        self.unbalanced(batch)
+        self.balance_stats = BalanceStats(plan_source="guard", balanced=False,
+                                          guard_gain=self.guard.gain)  # fmt: skip
+        self.last_samples = [[s.meta for s in mb.samples] for mb in loaded]
+        self._search_next(batch, len(loaded))
+        with self.timers.span("pack"):
+            microbatches = [self.engine.pack(mb.pairs()) for mb in loaded]
+        return self.engine.run_packed(microbatches, **kwargs)
+
     def _search_next(self, batch, num_microbatches: int) -> None:
-        """Hand the engine's searched schedules (if any) the next iteration's microbatches: a
-        function of the next plan, made in the planning thread, so the search waits for it."""
+        """Hand the engine's searched schedules (if any) the next iteration's microbatches: the
+        loader's when the next iteration runs unbalanced; else a function of the next plan,
+        made in the planning thread, so the search waits for it (none when that plan is made in
+        the next step: the next schedule is searched there)."""
         schedules = self.engine.schedules
         if schedules is None:
+            return
+        if self._balanced_next == (batch.iteration + 1, False):
+            schedules.prepare(batch.next_microbatches)
             return
         waiter = self.ahead.waiter(batch.iteration + 1)
         if waiter is None or batch.next_metadata is None:
             schedules.prepare(None)
             return
         metadata = batch.next_metadata
-        schedules.prepare(lambda: self.group_microbatches(waiter(), metadata, num_microbatches))
+        # The waiter gives the planning worker's result: the plan, with the fits it made
+        # (adopted when the next step takes it).
+        schedules.prepare(
+            lambda: self.group_microbatches(waiter().plan, metadata, num_microbatches)
+        )
 
     def group_microbatches(self, plan, metadata, num_microbatches: int) -> list[list]:
         """This group's samples (``SampleMeta``) of a plan, per microbatch, exactly as the step
