@@ -45,6 +45,17 @@ def route_bytes(route: Route, bytes_per_row: float) -> float:
     return float(max(sent.max(), received.max())) * float(bytes_per_row)
 
 
+def busiest_rank_bytes(matrix: np.ndarray) -> float:
+    """Bytes of the busiest rank of one exchange given as ``matrix[src, dst]`` bytes: the
+    larger of what a rank sends to the others and what it receives from them, maximised over
+    ranks (the diagonal stays home). What the exchange fit observes of each exchange."""
+    moved = np.array(matrix, dtype=np.float64)
+    if not moved.size:
+        return 0.0
+    np.fill_diagonal(moved, 0.0)
+    return float(max(moved.sum(axis=1).max(), moved.sum(axis=0).max()))
+
+
 @dataclass(frozen=True)
 class PayloadBytes:
     """Bytes per row of what each route of a per-phase plan carries."""

@@ -30,6 +30,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from orchestration.exchange_cost import busiest_rank_bytes
+
 
 @dataclass(frozen=True)
 class PackedLayout:
@@ -88,8 +90,7 @@ class PackedLayout:
 
     def busiest_bytes(self) -> float:
         """Bytes the busiest rank sends or receives, the larger (the same on every rank)."""
-        b = self.byte_counts
-        return float(max(b.sum(axis=1).max(), b.sum(axis=0).max())) if b.size else 0.0
+        return busiest_rank_bytes(self.byte_counts)
 
     def home_span(self, p: int) -> tuple[int, int]:
         """Rows of part ``p`` in this rank's send order before its home block, and its size."""

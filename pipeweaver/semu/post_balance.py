@@ -38,7 +38,7 @@ import numpy as np
 from orchestration.balance import DEFAULT_BUDGET, WorkBudget
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import plan_hops
-from orchestration.exchange_cost import ExchangeCost, PayloadBytes
+from orchestration.exchange_cost import ExchangeCost, PayloadBytes, busiest_rank_bytes
 from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
 from orchestration.microbatches import form_microbatches, overlap_order
 from orchestration.packing import microbatch_indices
@@ -294,13 +294,6 @@ def phase_balanced_batches(
     exchange = [exchange_seconds(semu, matrix, ranks, setup) for matrix in hops]
     return BalancedBatches(samples, mbs, exchange, plan, enc_work, overlap, not setup.node_wise,
                            [busiest_rank_bytes(matrix) for matrix in hops])  # fmt: skip
-
-
-def busiest_rank_bytes(matrix: np.ndarray) -> float:
-    """Bytes of an exchange's busiest rank (``matrix[src, dst]``, the diagonal staying put):
-    the larger of what it sends to the others and what it receives from them."""
-    moved = np.asarray(matrix, dtype=np.float64) * (1.0 - np.eye(len(matrix)))
-    return float(max(moved.sum(axis=1).max(), moved.sum(axis=0).max())) if moved.size else 0.0
 
 
 def phase_seconds(semu: Semu, batches: BalancedBatches, memory: Memory = Memory.NONE) -> list:
