@@ -132,9 +132,12 @@ class CostFeedback:
         return self.costs.cost_model(), self.exchanges.cost()
 
     def words(self) -> np.ndarray:
-        """This rank's pending measurement as control words: ``[iteration, phase ns...,
-        hop ns...]`` (a hop that did not run is -1); empty when there is none."""
-        m = self.pending
+        """This rank's pending measurement as control words (:meth:`words_of`)."""
+        return self.words_of(self.pending)
+
+    def words_of(self, m: Measured | None) -> np.ndarray:
+        """A measurement as control words: ``[iteration, phase ns..., hop ns...]`` (a hop that
+        did not run is -1); empty for None."""
         if m is None:
             return np.zeros(0, np.int64)
         values = [m.phase_s.get(p, 0.0) for p in self.phases]

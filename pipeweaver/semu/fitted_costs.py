@@ -73,14 +73,11 @@ def measured_times(
         for hop, seconds, nbytes in zip(HOPS, batches.exchange_s, batches.exchange_bytes)
         if nbytes > 0  # the step skips an exchange that moves nothing
     }
-    words = []
-    pending = feedback.pending
-    try:
-        for seconds in phase_seconds(semu, batches, memory):
-            feedback.pending = Measured(iteration, seconds, {h: s for h, (s, _) in ran.items()})
-            words.append(feedback.words())
-    finally:
-        feedback.pending = pending
+    hop_s = {h: s for h, (s, _) in ran.items()}
+    words = [
+        feedback.words_of(Measured(iteration, seconds, hop_s))
+        for seconds in phase_seconds(semu, batches, memory)
+    ]
     features = {p.phase: feedback.costs.features(p) for p in batches.plan.phases}
     hop_bytes = {h: b for h, (_, b) in ran.items()}
     return Measured(iteration, {}, {}, features, hop_bytes), words
