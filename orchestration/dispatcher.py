@@ -13,7 +13,8 @@ Two exchange algorithms, with identical results:
   ``B % gpus_per_node`` (the proxy), crosses the network once to the rank of node B with local
   index ``A % gpus_per_node``, and is scattered inside B to its final ranks. Intra-node traffic
   goes straight to its destination in the first hop. With ``n`` nodes of ``g`` ranks this turns
-  up to ``(n g)^2`` small inter-node messages into at most ``n (n - 1)`` larger ones.
+  up to ``(n g)^2`` small inter-node messages into at most ``n (n - 1)`` larger ones. Which
+  rank holds which rows after each hop is :func:`orchestration.hops.plan_hops`'.
 
 With ``differentiable=True`` the all-to-all is autograd-aware: its backward runs the transposed
 exchange, so gradients of encoder outputs travel back to the ranks that computed them.
@@ -30,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from orchestration.hops import plan_hops
 from orchestration.locality import group_ranks_per_node
 from orchestration.metadata import (
     GatheredMetadata,
@@ -49,73 +50,6 @@ from orchestration.metadata import (
 from orchestration.packed_exchange import PackedLayout
 from orchestration.routing import Route, row_index
 from orchestration.workload import SampleMeta
-
-# --------------------------------------------------------------------------------- routing
-
-
-@dataclass(frozen=True)
-class _Hop:
-    """One all-to-all of a multi-hop exchange, as every rank can compute it from the counts.
-
-    ``blocks[r][p]`` lists, in wire order, the ``(src, dst)`` blocks rank ``r`` sends to ``p``.
-    """
-
-    blocks: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
-
-
-def _route_hops(world: int, gpus_per_node: int | None) -> list:
-    """Per hop, a function (rank holding the block, src, dst) -> next rank."""
-    if not gpus_per_node or gpus_per_node >= world or world % gpus_per_node != 0:
-        return [lambda here, s, d: d]
-    g = gpus_per_node
-
-    def hop1(here, s, d):
-        if d // g == here // g:
-            return d
-        return (here // g) * g + (d // g) % g
-
-    def hop2(here, s, d):
-        if d // g == here // g:
-            return here
-        return (d // g) * g + (s // g) % g
-
-    def hop3(here, s, d):
-        return d
-
-    return [hop1, hop2, hop3]
-
-
-def plan_hops(counts: np.ndarray, gpus_per_node: int | None) -> list[_Hop]:
-    """The hops of an exchange of ``counts`` rows, direct or node-wise.
-
-    Blocks are ``(src, dst)`` pairs with a nonzero count; every rank holds its blocks in
-    ``(src, dst)`` order, sends them to the next hop in that order and receives them
-    concatenated by sender rank, so the wire layout is a pure function of ``counts``.
-    """
-    world = counts.shape[0]
-    holding = [[(s, d) for d in range(world) if counts[s, d] > 0] for s in range(world)]
-    hops = []
-    for route in _route_hops(world, gpus_per_node):
-        blocks = [[[] for _ in range(world)] for _ in range(world)]
-        for here in range(world):
-            for s, d in sorted(holding[here]):
-                blocks[here][route(here, s, d)].append((s, d))
-        hops.append(_Hop(tuple(tuple(tuple(b) for b in row) for row in blocks)))
-        holding = [[b for r in range(world) for b in blocks[r][here]] for here in range(world)]
-    return hops
-
-
-def inter_node_messages(counts: np.ndarray, gpus_per_node: int, node_wise: bool) -> int:
-    """Number of nonempty rank-to-rank messages that cross nodes in an exchange."""
-    g = gpus_per_node
-    total = 0
-    for hop in plan_hops(counts, g if node_wise else None):
-        for src, row in enumerate(hop.blocks):
-            for dst, blocks in enumerate(row):
-                if blocks and src // g != dst // g:
-                    total += 1
-    return total
-
 
 # -------------------------------------------------------------------------------- collectives
 

@@ -22,7 +22,7 @@ exactly the trainer's samples in the trainer's order:
   pipeline starts.
 
 Exchanges are costed on the cluster's links with the dispatcher's own routing
-(:func:`orchestration.dispatcher.plan_hops`): one all-to-all, or the node-wise three hops when
+(:mod:`orchestration.hops`): one all-to-all, or the node-wise three hops when
 ``--node-wise-a2a`` is on. With the trainer's online cost fit (``--cost-fit``) a later
 iteration's per-phase plan is made with the costs the fit holds by then, replayed on
 SEMU's own times (:mod:`pipeweaver.semu.fitted_costs`).
@@ -37,8 +37,8 @@ import numpy as np
 
 from orchestration.balance import DEFAULT_BUDGET, WorkBudget
 from orchestration.cost_model import CostModel
-from orchestration.dispatcher import plan_hops
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes, busiest_rank_bytes
+from orchestration.hops import hop_matrices
 from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
 from orchestration.microbatches import form_microbatches, overlap_order
 from orchestration.packing import microbatch_indices
@@ -133,14 +133,18 @@ def gathered_metadata(
     data_parallel: int,
     micro_batch_size: int,
     num_microbatches: int,
-) -> GatheredMetadata:
+) -> tuple[GatheredMetadata, list[SampleMeta]]:
     """Every DP rank's samples of ``iteration`` (Megatron's sampler order), as the trainer's
-    loader all-gathers them."""
+    loader all-gathers them; and the samples drawn, by global index (the metadata's order),
+    which the batch functions take instead of rebuilding each from the table (a seventh of the
+    84B per-phase replay's time at DP 320; the rebuilt ones equal them but for the spec
+    component, which the table does not carry)."""
     ranks = []
     for d in range(data_parallel):
         idx = microbatch_indices(iteration, d, data_parallel, micro_batch_size, num_microbatches)
         ranks.append([(k, sample_of(k)) for mb in idx for k in mb])
-    return GatheredMetadata.from_rank_samples(ranks)
+    drawn = [meta for samples in ranks for _, meta in samples]
+    return GatheredMetadata.from_rank_samples(ranks), drawn
 
 
 def exchange_seconds(
@@ -150,16 +154,8 @@ def exchange_seconds(
     (global device indices), routed as the dispatcher routes it."""
     if not np.any(rows_bytes - np.diag(np.diag(rows_bytes))):
         return 0.0  # every plan kept its rows at home: the dispatcher skips it
-    n = rows_bytes.shape[0]
-    hops = plan_hops(rows_bytes > 0, setup.gpus_per_node if setup.node_wise else None)
-    total = 0.0
-    for hop in hops:
-        matrix = [[0.0] * n for _ in range(n)]
-        for here, row in enumerate(hop.blocks):
-            for nxt, blocks in enumerate(row):
-                matrix[here][nxt] = float(sum(rows_bytes[s, d] for s, d in blocks))
-        total += semu.cost.comm.all_to_all(matrix, ranks)
-    return total
+    hops = hop_matrices(rows_bytes, setup.gpus_per_node if setup.node_wise else None)
+    return sum(semu.cost.comm.all_to_all(matrix, ranks) for matrix in hops)
 
 
 def _form(md, costs, tokens, members, m, setup) -> list[list[int]]:
@@ -177,6 +173,7 @@ def sample_balanced_batches(
     num_microbatches: int,
     pack: Callable[[list[SampleMeta]], MicrobatchMeta],
     feature_stages: Sequence[int] = (0,),
+    samples: Sequence[SampleMeta] | None = None,
 ) -> BalancedBatches:
     """PP > 1: whole samples across DP groups, then each group's microbatches (the trainer's
     ``SampleBalancedStep``).
@@ -190,21 +187,24 @@ def sample_balanced_batches(
         pack: samples -> the microbatch's shapes (``pack_microbatch`` with the run's flags).
         feature_stages: pipeline ranks that run an encoder's input layer (they also move
             the samples' features).
+        samples: every sample by global index (:func:`gathered_metadata`'s); None: rebuilt
+            from ``metadata``, as a receiving rank does.
 
     Raises:
         InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
     """
+    meta_of = metadata.sample_meta if samples is None else samples.__getitem__
     plan = plan_whole_samples(metadata, cost_model, algorithm=setup.algorithm, caps=setup.caps)
     route = plan.dispatch
-    samples, mbs = [], []
+    grouped, mbs = [], []
     for g in range(plan.num_groups):
         mine = route.dst_items(g)
         members = [int(plan.items.sample[i]) for i in mine.tolist()]
         groups = _form(
             metadata, plan.costs[mine], plan.items.tokens[mine], members, num_microbatches, setup
         )
-        metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]
-        samples.append(metas)
+        metas = [[meta_of(s) for s in mb] for mb in groups]
+        grouped.append(metas)
         mbs.append([pack(mb) for mb in metas])
     tokens = route.rows_matrix() * TOKEN_ID_BYTES
     features = np.zeros_like(tokens, dtype=np.float64)
@@ -219,7 +219,7 @@ def sample_balanced_batches(
         ranks = [tp * (d + dp * r) for d in range(dp)]
         moved = tokens + features if r in feature_stages else tokens
         exchange.append(exchange_seconds(semu, moved, ranks, setup))
-    return BalancedBatches(samples, mbs, exchange, plan)
+    return BalancedBatches(grouped, mbs, exchange, plan)
 
 
 @collector_paused()
@@ -231,11 +231,13 @@ def phase_balanced_batches(
     num_microbatches: int,
     flops_of: Callable[[SampleMeta], float],
     budget: WorkBudget = DEFAULT_BUDGET,
+    samples: Sequence[SampleMeta] | None = None,
 ) -> BalancedBatches:
     """PP = 1: every phase balanced across DP ranks, then the LLM workers' microbatches (the
     trainer's ``PhaseBalancedStep``: the LLM phase leaves every rank at least
     ``num_microbatches`` samples, as the running step asks; ``budget``, the planner's work
-    limits, is ``orchestration.cost_feedback.FITTED_BUDGET`` once its costs are fitted).
+    limits, is ``orchestration.cost_feedback.FITTED_BUDGET`` once its costs are fitted;
+    ``samples``, as :func:`sample_balanced_batches`').
 
     Raises:
         InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
@@ -251,9 +253,10 @@ def phase_balanced_batches(
         budget=budget,
         min_llm_samples=num_microbatches,
     )
+    meta_of = metadata.sample_meta if samples is None else samples.__getitem__
     llm = plan.phase("llm")
     R = plan.num_ranks
-    samples, mbs, enc_work, overlap = [], [], [], []
+    grouped, mbs, enc_work, overlap = [], [], [], []
     for d in range(R):
         mine = llm.dispatch.dst_items(d)
         members = [int(llm.items.sample[i]) for i in mine.tolist()]
@@ -266,8 +269,8 @@ def phase_balanced_batches(
         order = overlap_order([all(s in home for s in mb) for mb in groups], setup.overlap)
         groups = [groups[i] for part in order for i in part]
         overlap.append(tuple(len(part) for part in order))
-        metas = [[metadata.sample_meta(s) for s in mb] for mb in groups]
-        samples.append(metas)
+        metas = [[meta_of(s) for s in mb] for mb in groups]
+        grouped.append(metas)
         # The LLM microbatches carry the samples' FLOPs (all phases) for MFU.
         mbs.append([pack_microbatch(mb, (), flops_of=flops_of) for mb in metas])
         encoders = {}
@@ -292,7 +295,7 @@ def phase_balanced_batches(
     ranks = [semu.tp * d for d in range(R)]
     hops = (inputs, outputs, outputs.T)
     exchange = [exchange_seconds(semu, matrix, ranks, setup) for matrix in hops]
-    return BalancedBatches(samples, mbs, exchange, plan, enc_work, overlap, not setup.node_wise,
+    return BalancedBatches(grouped, mbs, exchange, plan, enc_work, overlap, not setup.node_wise,
                            [busiest_rank_bytes(matrix) for matrix in hops])  # fmt: skip
 
 

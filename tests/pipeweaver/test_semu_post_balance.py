@@ -9,6 +9,7 @@ same order). The overlapped reduction is checked against times worked out by han
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -170,6 +171,11 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         want = [[md.sample_ids[s] for s in mbs[i]] for part in order for i in part]
         assert batches.overlap[d] == tuple(len(part) for part in order)
         assert _ids(batches.samples[d]) == want
+        # SEMU's samples are those it drew; the trainer's rank rebuilds them from the gathered
+        # table: equal, but for the spec component the table does not carry.
+        rebuilt = [[md.sample_meta(s) for s in mbs[i]] for part in order for i in part]
+        drawn = [[dataclasses.replace(s, component=None) for s in mb] for mb in batches.samples[d]]
+        assert drawn == rebuilt
         own = [s.meta.sample_id for s in gathered[d].samples]
         moved |= sorted(s for mb in want for s in mb) != sorted(own)
         for p in plan.phases:
@@ -382,8 +388,6 @@ def test_exchange_routed_as_the_dispatcher_by_hand(node_wise):
 def _phase_plan_moves(exchange_latency_s: float | None, unit: str) -> bool:
     """Whether SEMU's per-phase plan (DP 4) moves any data, with an exchange check of this
     latency (None: no check) and the FLOPs cost model in ``unit`` (seconds: scaled)."""
-    import dataclasses
-
     from orchestration.cost_model import CostModel as Costs
     from orchestration.exchange_cost import ExchangeCost
     from pipeweaver.semu.post_balance import gathered_metadata, phase_balanced_batches
@@ -403,7 +407,7 @@ def _phase_plan_moves(exchange_latency_s: float | None, unit: str) -> bool:
                                           per_output_token=c.per_output_token * scale, unit=unit)
                    for p, c in flops.phases.items()})  # fmt: skip
     m = spec.training.num_microbatches(dp)
-    md = gathered_metadata(sample_source(spec, None, None, None), 0, dp, 2, m)
+    md, _ = gathered_metadata(sample_source(spec, None, None, None), 0, dp, 2, m)
     flops_of = lambda s: sum(spec.shape.sample_phase_flops(s).values())  # noqa: E731
     got = phase_balanced_batches(semu, md, costs, setup, m, flops_of)
     return any(not p.dispatch.moves_nothing for p in got.plan.phases)

@@ -159,9 +159,9 @@ def sample_balancer(
     def balance(sample_of, pack) -> list:
         dp = semu.dp
         m = spec.training.num_microbatches(dp)
-        md = gathered_metadata(sample_of, iteration, dp, spec.training.micro_batch_size, m)
+        md, drawn = gathered_metadata(sample_of, iteration, dp, spec.training.micro_batch_size, m)
         try:
-            batches = sample_balanced_batches(semu, md, cost_model, setup, m, pack)
+            batches = sample_balanced_batches(semu, md, cost_model, setup, m, pack, samples=drawn)
         except InfeasibleCapError as e:
             raise _cap_error(e, setup) from None
         held["batches"] = batches
@@ -200,12 +200,12 @@ def phase_balanced_step(
     strategy = Memory(memory or spec.training.memory)
 
     def plan_of(it: int, costs: CostModel, check, fitted: bool) -> BalancedBatches:
-        md = gathered_metadata(sample_of, it, dp, spec.training.micro_batch_size, m)
+        md, drawn = gathered_metadata(sample_of, it, dp, spec.training.micro_batch_size, m)
         flops_of = lambda s: sum(shape.sample_phase_flops(s).values())  # noqa: E731
         budget = FITTED_BUDGET if fitted else DEFAULT_BUDGET
         try:
             return phase_balanced_batches(semu, md, costs, dataclasses.replace(setup, exchange=check),
-                                          m, flops_of, budget)  # fmt: skip
+                                          m, flops_of, budget, samples=drawn)  # fmt: skip
         except InfeasibleCapError as e:
             raise _cap_error(e, setup) from None
 
