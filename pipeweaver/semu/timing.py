@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from orchestration.calibration import Calibration, LayerTimeModel
 from pipeweaver.semu.batches import MicrobatchMeta
 from pipeweaver.semu.hardware import ClusterSpec
@@ -150,28 +152,28 @@ class CommModel:
             ranks: global ranks of the n devices, to tell intra- from inter-node traffic;
                 default 0..n-1.
         """
-        n = len(matrix)
+        volume = np.array(matrix, dtype=np.float64)  # a copy: its diagonal is cleared
+        n = volume.shape[0]
         if n <= 1:
             return 0.0
+        np.fill_diagonal(volume, 0.0)
         ranks = list(ranks) if ranks is not None else list(range(n))
-        node = [self.cluster.node_of(r) for r in ranks]
+        node = np.array([self.cluster.node_of(r) for r in ranks])
+        same = node[:, None] == node[None, :]
+        intra = np.where(same, volume, 0.0)
+        inter = np.where(same, 0.0, volume)
         worst = 0.0
-        for i in range(n):
-            for direction in (0, 1):
-                intra = inter = 0.0
-                for j in range(n):
-                    if i == j:
-                        continue
-                    b = matrix[i][j] if direction == 0 else matrix[j][i]
-                    if node[i] == node[j]:
-                        intra += b
-                    else:
-                        inter += b
-                t = max(
-                    intra / self.intra_bw + (self.intra_lat if intra else 0.0),
-                    inter / self.inter_bw + (self.inter_lat if inter else 0.0),
-                )
-                worst = max(worst, t)
+        # Summed over axis 0 of C-ordered arrays, each device's bytes add up peer by peer in
+        # rank order (not pairwise): sends are the transposes' columns, receives the columns.
+        for intra_b, inter_b in (
+            (np.ascontiguousarray(intra.T).sum(axis=0), np.ascontiguousarray(inter.T).sum(axis=0)),
+            (intra.sum(axis=0), inter.sum(axis=0)),
+        ):
+            t = np.maximum(
+                intra_b / self.intra_bw + np.where(intra_b != 0, self.intra_lat, 0.0),
+                inter_b / self.inter_bw + np.where(inter_b != 0, self.inter_lat, 0.0),
+            )
+            worst = max(worst, float(t.max()))
         return worst
 
     def all_to_all_total(self, bytes_per_device: float, n: int, intra: bool) -> float:

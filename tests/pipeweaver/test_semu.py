@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -316,6 +317,27 @@ def test_comm_and_compute_cost_formulas():
     across = [[1e6 if i // 8 != j // 8 else 0.0 for j in range(16)] for i in range(16)]
     assert comm.all_to_all(inside) == pytest.approx(7e6 / bw_in + dev.intra_node_latency_s)
     assert comm.all_to_all(across) == pytest.approx(8e6 / bw_out + dev.inter_node_latency_s)
+    # Any matrix: each device's busier direction, its node's peers and the others' bytes summed
+    # apart (a loop over the peers is the oracle; the vectorised sums add in the same order).
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        n = int(rng.integers(2, 40))
+        m = rng.random((n, n)) * 1e7 * (rng.random((n, n)) < 0.4)
+        ranks = sorted(rng.choice(16, n, replace=False).tolist()) if n <= 16 else None
+        r = ranks or list(range(n))
+        worst = 0.0
+        for i in range(n):
+            for row in (m[i], m[:, i]):
+                intra = inter = 0.0
+                for j in range(n):
+                    if j != i and cl.node_of(r[i]) == cl.node_of(r[j]):
+                        intra += row[j]
+                    elif j != i:
+                        inter += row[j]
+                worst = max(worst, intra / bw_in + (dev.intra_node_latency_s if intra else 0),
+                            inter / bw_out + (dev.inter_node_latency_s if inter else 0))  # fmt: skip
+        assert comm.all_to_all(m, ranks) == worst
+        assert comm.all_to_all(m.tolist(), ranks) == worst
     # Stage costs: roofline, TP collectives, recompute, offload.
     spec = model_spec({**CPU_FLAGS, "bf16": True})
     cm = TimeModel(spec, cl)
