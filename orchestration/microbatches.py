@@ -90,6 +90,15 @@ def form_microbatches(
             )
         m = max(m, -(-int(t.sum()) // int(max_tokens)))
     m = min(m, n)
+    if m == 1 and np.all(c >= 0) and np.all(np.isfinite(c)):
+        # One microbatch holds everything (the packing limit, checked above, allowed it): the
+        # balancer's answer, without its candidates (per rank and iteration at micro batch =
+        # samples per rank, as OrchMLLM's one-microbatch LLM phase runs). Bad costs take the
+        # balancer's path, which names them.
+        return MicrobatchPlan(
+            (tuple(range(n)),), np.array([float(c.sum())]),
+            np.array([int(t.sum())], dtype=np.int64), int(num_microbatches),
+        )  # fmt: skip
     while True:
         try:
             res = balance(

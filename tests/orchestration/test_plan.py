@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron.mllm.cli.balance_report import main as balance_report_main
-from orchestration.balance import InfeasibleCapError
+from orchestration.balance import InfeasibleCapError, balance
 from orchestration.cost_model import CostModel
 from orchestration.metadata import (
     GatheredMetadata,
@@ -402,6 +402,23 @@ def test_microbatches(tokens, wanted, limit):
     if limit is not None:
         assert mb.tokens.max() <= limit
         assert mb.num_microbatches >= -(-int(tokens.sum()) // limit)
+
+
+def test_one_microbatch_is_the_balancers_answer_for_one_bin():
+    # One microbatch per rank (micro batch = the rank's samples) skips the balancer; its answer
+    # must be the balancer's for one bin, and bad costs must still be named by it.
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 30))
+        costs, tokens = rng.random(n) * 1e3, rng.integers(1, 50, n)
+        limit = None if rng.random() < 0.3 else int(tokens.sum()) + int(rng.integers(0, 9))
+        mb = form_microbatches(costs, tokens, 1, limit)
+        bins = balance(costs, 1, sizes=None if limit is None else tokens, cap=limit).bins
+        assert mb.microbatches == (tuple(np.flatnonzero(bins == 0).tolist()),)
+        assert mb.loads.tolist() == [float(costs[list(range(n))].sum())]
+        assert mb.tokens.tolist() == [int(tokens.sum())] and mb.tokens.dtype == np.int64
+    with pytest.raises(ValueError, match="costs must be finite"):
+        form_microbatches(np.array([1.0, np.nan]), np.array([1, 2]), 1, None)
 
 
 def test_microbatches_grow_when_the_limit_requires_and_name_a_too_long_sample():
