@@ -168,6 +168,7 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
             sequence_parallel=bool(lang.sequence_parallel) and tp > 1,
             # As Megatron's flag asks (the trainer shards the optimizer state the same way).
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
+            distributed_optimizer_instances=int(run.ddp.num_distributed_optimizer_instances),
             pipeline_layout=run.pipeline.pipeline_layout,
         ),
         training=TrainingSetup(

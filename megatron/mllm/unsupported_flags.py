@@ -34,6 +34,12 @@ def check_trainer_flags(args: argparse.Namespace) -> None:
             "runs Megatron's interleaved 1F1B with K LLM chunks per stage (SEMU simulates "
             "the flag)"
         )
+    if args.num_distributed_optimizer_instances != 1:
+        raise ConfigError(
+            f"--num-distributed-optimizer-instances {args.num_distributed_optimizer_instances} is "
+            "not supported by OrchWeave's trainer: its process groups shard the distributed "
+            "optimizer over the whole data-parallel group (SEMU simulates the flag)"
+        )
     if args.rampup_batch_size:
         raise ConfigError(
             "--rampup-batch-size is not supported by OrchWeave: the loader, the balance plans "

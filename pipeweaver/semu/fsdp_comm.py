@@ -51,6 +51,7 @@ from pipeweaver.semu.results import Event, PipelineResult
 
 GATHER = "all-gather"
 REDUCE = "reduce-scatter"
+OUTER = "all-reduce"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,8 @@ class CommOp:
     """One collective on a rank's communication stream."""
 
     kind: str
-    """:data:`GATHER` (weights) or :data:`REDUCE` (gradients)."""
+    """:data:`GATHER` (weights), :data:`REDUCE` (gradients) or :data:`OUTER` (a gradient
+    shard across HSDP's copies)."""
 
     use: UnitUse
     """The compute it gathers for, or whose gradients it reduces."""
@@ -150,6 +152,7 @@ def run_stream(
     gather_s: Callable[[float], float] | None,
     reduce_s: Callable[[float], float] | None,
     first_forward_only: bool = False,
+    outer_s: Callable[[float], float] | None = None,
 ) -> RankStream:
     """One rank's stream: gathers one unit ahead, reduce-scatters after each backward.
 
@@ -159,7 +162,12 @@ def run_stream(
         reduce_s: parameters -> seconds of a unit's gradient reduce-scatter; None: none.
         first_forward_only: gather only before each unit's first forward (the distributed
             optimizer's ``--overlap-param-gather``), else before every use (FSDP).
+        outer_s: parameters -> seconds of the all-reduce of a unit's gradient shard across the
+            copies (HSDP), after the reduce-scatter of its last backward; None: none.
     """
+    last_backward = {}
+    if outer_s is not None:
+        last_backward = {(u.module, u.layer): i for i, u in enumerate(uses) if u.backward}
     need: list[int] = []
     if gather_s is not None:
         seen: set[tuple[str, int]] = set()
@@ -197,6 +205,8 @@ def run_stream(
         shift = start - u.start
         if reduce_s is not None and u.backward:
             issue(REDUCE, u, start + (u.end - u.start), reduce_s(u.params))
+            if last_backward.get((u.module, u.layer)) == i:
+                issue(OUTER, u, free, outer_s(u.params))
     return RankStream(ops, starts, shift, free)
 
 
@@ -233,7 +243,7 @@ class DataParallelStep:
         out = []
         for r, stream in enumerate(self.streams[replica]):
             for op in stream.ops:
-                category = "allgather" if op.kind == GATHER else "reducescatter"
+                category = {GATHER: "allgather", REDUCE: "reducescatter"}.get(op.kind, "allreduce")
                 name = f"dp {op.kind} {op.use.module}{op.use.layer}"
                 out.append(Event(r, op.start, op.end, name, category))
         return out
@@ -253,6 +263,8 @@ class DataParallelComm:
         rank_params: ``(pipeline rank, placement) -> parameters`` (one TP rank's).
         weight_bytes: bytes of one weight (the model's dtype).
         grad_bytes: bytes of one reduced gradient (fp32 main gradients).
+        outer_s: bytes of a whole tensor -> seconds of the all-reduce of its shard across
+            HSDP's copies (None: one copy).
     """
 
     def __init__(
@@ -266,6 +278,7 @@ class DataParallelComm:
         rank_params: Callable[[int, Placement], float],
         weight_bytes: float,
         grad_bytes: float,
+        outer_s: Callable[[float], float] | None = None,
     ):
         self.params_sharded = strategy == "optim_grads_params"
         self.grads_sharded = strategy in ("optim_grads", "optim_grads_params")
@@ -277,6 +290,7 @@ class DataParallelComm:
         self.rank_params = rank_params
         self.weight_bytes = weight_bytes
         self.grad_bytes = grad_bytes
+        self._outer = outer_s
 
     def unit_gather_s(self, params: float) -> float:
         """Seconds of one unit's weight all-gather."""
@@ -290,13 +304,16 @@ class DataParallelComm:
         """Run every replica's rank streams on its recorded computes (events needed)."""
         gather = self.unit_gather_s if self.params_sharded or self.overlap_param_gather else None
         reduce = self.unit_reduce_s if self.grads_sharded else None
+        outer = None
+        if self.grads_sharded and self._outer is not None:
+            outer = lambda params: self._outer(params * self.grad_bytes)  # noqa: E731
         out, streams = [], []
         for res in results:
             rank_streams = []
             for r in range(len(res.rank_end)):
                 uses = unit_uses(res.events, r, placement, self.layer_params)
                 rank_streams.append(
-                    run_stream(uses, gather, reduce, first_forward_only=not self.params_sharded)
+                    run_stream(uses, gather, reduce, not self.params_sharded, outer)
                 )
             streams.append(rank_streams)
             out.append(_delayed(res, placement, rank_streams))
@@ -363,16 +380,15 @@ def for_layout(
 
 def data_parallel_comm(semu, overlap_param_gather: bool) -> DataParallelComm | None:
     """The DP communication of a :class:`~pipeweaver.semu.simulator.Semu`'s layout; None
-    where :func:`for_layout` finds none. Collectives ring over the DP group: NVLink when the
-    group (TP x DP ranks of a pipeline stage) sits in one node, the NIC otherwise, as the
-    simulator's gradient all-reduce."""
+    where :func:`for_layout` finds none. Collectives ring over the DP group, or over its
+    shard groups with HSDP (:mod:`pipeweaver.semu.dp_groups`): NVLink when the group sits in
+    one node, the NIC otherwise, as the simulator's gradient all-reduce."""
     parallel = semu.spec.parallel
     strategy = parallel.data_parallel_sharding
     dp = semu.dp
     if not for_layout(strategy, parallel.distributed_optimizer, overlap_param_gather, dp):
         return None
-    comm, costs = semu.cost.comm, semu.cost.costs
-    intra = semu.tp * dp <= semu.cluster.devices_per_node
+    costs, groups = semu.cost.costs, semu.dp_groups
 
     def rank_params(r: int, placement: Placement) -> float:
         return sum(costs.chunk_params(m, *placement.layer_range(m, c))
@@ -382,10 +398,11 @@ def data_parallel_comm(semu, overlap_param_gather: bool) -> DataParallelComm | N
         strategy,
         overlap_param_gather,
         dp,
-        lambda b: comm.all_gather(b, dp, intra),
-        lambda b: comm.reduce_scatter(b, dp, intra),
+        groups.gather_s,
+        groups.reduce_scatter_s,
         costs.chunk_params,
         rank_params,
         semu.spec.shape.params_dtype_bytes,
         semu.spec.training.grad_dtype_bytes,
+        groups.outer_all_reduce_s if groups.instances > 1 else None,
     )

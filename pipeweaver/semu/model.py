@@ -53,6 +53,13 @@ class ParallelLayout:
     with ``parallel_overrides`` (or ``tools/semu.py --data-parallel-sharding-strategy``); its
     communication is :mod:`pipeweaver.semu.fsdp_comm`'s."""
 
+    distributed_optimizer_instances: int = 1
+    """Copies of the sharded state (``--num-distributed-optimizer-instances``): the DP ranks
+    form this many groups of consecutive ranks; the optimizer states (and Megatron-FSDP's
+    sharded gradients and weights: HSDP) are sharded within a group, and each group's shards
+    are all-reduced across the copies (:mod:`pipeweaver.semu.dp_groups`). 1: over the whole
+    DP group."""
+
     pipeline_layout: str = "baseline"
     """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on
     stage 0) or ``balanced`` (consecutive stages of balanced parameters)."""
@@ -62,6 +69,11 @@ class ParallelLayout:
             raise ModelConfigError(
                 f"data_parallel_sharding {self.data_parallel_sharding!r}: expected one of "
                 f"{FSDP_SHARDING}"
+            )
+        instances = self.distributed_optimizer_instances
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ModelConfigError(
+                f"--num-distributed-optimizer-instances must be an int >= 1, got {instances!r}"
             )
 
     def sharded(self, what: str) -> bool:

@@ -37,6 +37,7 @@ from pipeweaver.ir import CommOp, Compute, Kind
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.semu.batches import MicrobatchMeta
+from pipeweaver.semu.dp_groups import DataParallelGroups
 from pipeweaver.semu.fsdp_comm import data_parallel_comm
 from pipeweaver.semu.grad_reduce import (
     BucketReduction,
@@ -94,6 +95,10 @@ class Semu:
         self.tp = spec.parallel.tensor
         self.pp = spec.parallel.pipeline
         self.dp = spec.parallel.data(cluster.num_devices)
+        self.dp_groups = DataParallelGroups.for_layout(
+            self.cost.comm, self.dp, spec.parallel.distributed_optimizer_instances, self.tp,
+            cluster.devices_per_node, spec.parallel.sharded("optim"),
+        )  # fmt: skip
         self.compute_cost_fn = compute_cost_fn
         self.overlap_grad_reduce = overlap_grad_reduce
         self.bucket_params = bucket_params or default_bucket_params(self.dp)
@@ -392,7 +397,8 @@ class Semu:
                 (costs.module(m).layer_params() / costs.tp for m, _ in placement.chunks_on(r)),
                 default=0.0,
             )  # Megatron-FSDP gathers one layer's weights at a time
-            out.append({"params": params, **costs.static_bytes(params, self.dp, largest)})
+            shards = costs.static_bytes(params, self.dp_groups.shard, largest)
+            out.append({"params": params, **shards})
         return out
 
     def activation_bytes(
@@ -483,7 +489,6 @@ class Semu:
         after = a2a / 2 if exchange_after is None else exchange_after
         static = self.static_bytes(placement)
         comm = self.cost.comm
-        dp_group_intra = self.tp * self.dp <= self.cluster.devices_per_node
         # The step's small collectives besides the gradient reduction (a few bytes each, so
         # latency; the CPU job's gloo pays milliseconds): Megatron's optimizer all-reduces the
         # gradient norm for clipping over the model-parallel group (TP x PP ranks) when
@@ -493,8 +498,7 @@ class Semu:
         if mp > 1 and self._clip_grad > 0:
             group = [self.tp * self.dp * r + t for r in range(self.pp) for t in range(self.tp)]
             tail += comm.all_reduce(4.0, mp, self.cluster.same_node(group))
-        if self.dp > 1:
-            tail += comm.all_reduce(8.0, self.dp, dp_group_intra)
+        tail += self.dp_groups.all_reduce_s(8.0)
         finish = []
         events: list[Event] = []
         # FSDP's collectives delay the computes that wait for gathers (fsdp_comm).
@@ -512,7 +516,7 @@ class Semu:
             # Whole (unsharded) volumes: what the sharded memory keeps is 1/d of what moves.
             grad_bytes = static[r]["params"] * self.spec.training.grad_dtype_bytes
             weight_bytes = static[r]["params"] * self.spec.shape.params_dtype_bytes
-            gather = comm.all_gather(weight_bytes, self.dp, dp_group_intra)
+            gather = self.dp_groups.gather_s(weight_bytes)
             gather *= dp_step is None or not dp_step.overlap_param_gather  # else in the forward
             reductions: list[BucketReduction] = []
             if dp_step is not None and dp_step.grads_reduced:
@@ -520,7 +524,8 @@ class Semu:
             elif windows is not None:
                 # Each bucket's reduce-scatter (all-reduce) as soon as its gradients exist.
                 per_param = self.spec.training.grad_dtype_bytes
-                reduce = comm.reduce_scatter if distributed else comm.all_reduce
+                groups = self.dp_groups
+                reduce = groups.reduce_s if distributed else groups.all_reduce_s
                 buckets = rank_buckets(
                     placement,
                     r,
@@ -529,17 +534,17 @@ class Semu:
                     [res.rank_end[r] for res in results],
                     self.bucket_params,
                 )
-                reductions = overlapped_reduction(
-                    buckets, lambda n: reduce(n * per_param, self.dp, dp_group_intra)
-                )
+                reductions = overlapped_reduction(buckets, lambda n: reduce(n * per_param))
                 done = max([ready] + [x.end_s for x in reductions])
                 ar = done - ready + (gather if distributed else 0.0)
             elif distributed:
-                ar = comm.reduce_scatter(grad_bytes, self.dp, dp_group_intra) + gather
+                ar = self.dp_groups.reduce_s(grad_bytes) + gather
             else:
-                ar = comm.all_reduce(grad_bytes, self.dp, dp_group_intra)
+                ar = self.dp_groups.all_reduce_s(grad_bytes)
             opt = self.cost.optimizer_time(
-                static[r]["params"], self.dp, self.cost.rank_param_tensors(placement, r)
+                static[r]["params"],
+                self.dp_groups.shard,
+                self.cost.rank_param_tensors(placement, r),
             )
             finish.append(ready + ar + opt + tail)
             if record_events:
