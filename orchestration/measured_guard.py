@@ -145,6 +145,45 @@ class MeasuredGuard:
         self._samples = {k == "True": list(v) for k, v in state["_samples"].items()}
 
 
+def taking_turns(
+    interval: int, other: "MeasuredGuard | AlternatingArms | None", name: str, other_name: str
+) -> MeasuredGuard | None:
+    """A guard of ``interval`` (its flag ``name``) for a feature that runs in the same steps as
+    the feature ``other`` guards (its flag ``other_name``): two probes at once would each
+    measure both features toggled together, so the new guard probes right after ``other``'s
+    probes end, every ``interval`` iterations, which must then be ``other``'s.
+
+    Returns:
+        The guard; None with ``interval`` 0.
+
+    Raises:
+        ValueError: the two intervals differ or are shorter than two probes (the probes would
+            meet), or ``other`` is an alternation (each of its blocks toggles its feature),
+            naming both flags.
+    """
+    if not interval:
+        return None
+    if isinstance(other, AlternatingArms):
+        raise ValueError(
+            f"{other_name} toggles its feature in every block, which {name} {interval} would "
+            f"measure as its own: set {name} 0 while alternating"
+        )
+    guard = MeasuredGuard(interval)
+    if other is not None and other.interval:
+        if other.interval != interval:
+            raise ValueError(
+                f"{name} {interval} and {other_name} {other.interval} must be equal: the two "
+                "probes take turns (each would measure the other's feature toggled too)"
+            )
+        if interval < 2 * PROBE_LENGTH:
+            raise ValueError(
+                f"{name} {interval} and {other_name} {other.interval} must be at least two "
+                f"probes ({2 * PROBE_LENGTH} iterations) for their probes to take turns"
+            )
+        guard._probe_start = other.next_probe + PROBE_LENGTH
+    return guard
+
+
 @dataclass
 class AlternatingArms:
     """A crossover A/B for benchmarks, in place of the guard: the feature on and off in

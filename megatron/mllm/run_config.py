@@ -173,11 +173,12 @@ class PostBalanceConfig:
     """Recent iterations the cost fit is computed over."""
 
     post_balance_guard_interval: int = 256
-    """Per-phase balancing (PP = 1): measure the balanced step against Megatron's in the run (a
-    probe of 24 iterations from iteration 9, balancing in alternate blocks of 4) and keep
-    balancing until the next probe, this many iterations after the last one started, only
-    where it measured at least 1% faster; else run Megatron's step, with nothing planned or
-    moved. 0 balances every iteration."""
+    """Measure the balanced step against Megatron's in the run (a probe of 24 iterations from
+    iteration 9, balancing in alternate blocks of 4) and keep balancing until the next probe,
+    this many iterations after the last one started, only where it measured at least 1%
+    faster; else run Megatron's step (its assignment), with nothing planned or moved. At PP > 1
+    with the schedule search's guard the two probe in turns (this one from iteration 33; the
+    two intervals must then be equal). 0 balances every iteration."""
 
     post_balance_alternate: int = 0
     """For side-by-side measurement (per-phase balancing, and whole samples at PP > 1):

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.measured_guard import BLOCK, PROBE_LENGTH, PROBE_START, MeasuredGuard
+from orchestration.measured_guard import (
+    BLOCK,
+    PROBE_LENGTH,
+    PROBE_START,
+    AlternatingArms,
+    MeasuredGuard,
+    taking_turns,
+)
 
 
 def _run(guard: MeasuredGuard, iterations: int, on_s: float, off_s: float, load=lambda i: 1.0):
@@ -102,3 +109,40 @@ def test_a_resumed_guard_decides_as_the_uninterrupted_one():
         resumed.record(i, (0.9 if resumed.enabled(i - 1) else 1.0), 1.0)
     assert resumed.gain == pytest.approx(whole.gain) and resumed.on == whole.on
     assert resumed.next_probe == whole.next_probe == PROBE_START + 48
+
+
+def _two_features(search, balance, iterations: int = 200):
+    """A step the search makes 10% slower and balancing 10% faster, each guard fed its time."""
+    for i in range(iterations):
+        s_on, b_on = search.enabled(i), balance.enabled(i)
+        t = (1.1 if s_on else 1.0) * (0.9 if b_on else 1.0)
+        search.record(i, t, 1.0)
+        balance.record(i, t, 1.0)
+        assert not (search.probing(i) and balance.probing(i))  # never both toggled at once
+
+
+def test_guards_taking_turns_each_measure_their_own_feature():
+    search = MeasuredGuard(64)
+    balance = taking_turns(64, search, "--post-balance-guard-interval", "--search-guard")
+    assert balance.next_probe == PROBE_START + PROBE_LENGTH
+    _two_features(search, balance)
+    assert search.gain == pytest.approx(1 / 1.1) and not search.on
+    assert balance.gain == pytest.approx(1 / 0.9) and balance.on
+    # Probing at once, the search would have measured both features toggled together:
+    # 1 / (1.1 x 0.9) = 1.0101, above the 1% margin, and stayed on.
+    naive_search, naive_balance = MeasuredGuard(64), MeasuredGuard(64)
+    for i in range(PROBE_START + PROBE_LENGTH):
+        t = (1.1 if naive_search.enabled(i) else 1.0) * (0.9 if naive_balance.enabled(i) else 1.0)
+        naive_search.record(i, t, 1.0)
+    assert naive_search.on and naive_search.gain == pytest.approx(1 / 0.99)
+
+
+def test_guards_that_cannot_take_turns_name_both_flags():
+    assert taking_turns(0, MeasuredGuard(64), "--a", "--b") is None
+    assert taking_turns(64, None, "--a", "--b").next_probe == PROBE_START
+    with pytest.raises(ValueError, match="--a 64 and --b 128 must be equal"):
+        taking_turns(64, MeasuredGuard(128), "--a", "--b")
+    with pytest.raises(ValueError, match="--a 32 and --b 32 must be at least two probes"):
+        taking_turns(32, MeasuredGuard(32), "--a", "--b")
+    with pytest.raises(ValueError, match="--b toggles its feature in every block.*set --a 0"):
+        taking_turns(64, AlternatingArms(4), "--a", "--b")

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 from megatron.mllm import distributed
+from megatron.mllm.arguments import ConfigError
 from megatron.mllm.batch import SamplePayload
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.steps.base import BalancedStep, BalanceStats, PackedStep, take
 from orchestration.balance import max_over_mean
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
-from orchestration.measured_guard import AlternatingArms
+from orchestration.measured_guard import AlternatingArms, taking_turns
 from orchestration.metadata import sample_encoder_tokens
 from orchestration.sample_plan import plan_whole_samples
 
@@ -39,11 +40,15 @@ class SampleBalancedStep(BalancedStep):
         with_features: this stage runs an encoder's input layer, so features move too.
         tp_group: this rank's tensor-parallel group (None: TP = 1).
 
-        With ``--post-balance-alternate K`` the step alternates blocks of K iterations with the
-        engine on the loader's samples (Megatron's assignment). The iteration times ride on
-        each stage's DP gather, made equal over the pipeline (and TP) group first, so every
-        rank switches alike. The probing guard (``--post-balance-guard-interval``) is not on
-        here yet.
+        With ``--post-balance-guard-interval`` the guard measures balancing against the engine
+        on the loader's samples (Megatron's assignment) in the run and keeps the faster; with
+        ``--post-balance-alternate K`` the step alternates blocks of K iterations of the two
+        instead. The iteration times ride on each stage's DP gather, made equal over the
+        pipeline (and TP) group first, so every rank switches alike. The dynamic pipeline's
+        search has a guard of its own: the two probe in turns.
+
+        Raises:
+            ConfigError: the two guards cannot take turns (naming both flags).
         """
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.engine = engine
@@ -56,6 +61,15 @@ class SampleBalancedStep(BalancedStep):
         if b.post_balance_alternate:
             first = b.post_balance_alternate_first == "balanced"
             self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
+        elif b.post_balance_guard_interval:
+            search = getattr(getattr(engine, "schedules", None), "guard", None)
+            flag = ("--schedule-search-alternate" if isinstance(search, AlternatingArms)
+                    else "--schedule-search-guard-interval")  # fmt: skip
+            try:
+                self.guard = taking_turns(b.post_balance_guard_interval, search,
+                                          "--post-balance-guard-interval", flag)  # fmt: skip
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
     def describe(self) -> str:
         text = self.describe_balance("whole samples across DP groups") + self.describe_guard()
@@ -66,7 +80,8 @@ class SampleBalancedStep(BalancedStep):
         return self.engine.last_schedule
 
     def log_note(self) -> str | None:
-        return self.engine.log_note()
+        parts = [self.engine.log_note() or "", self.guard_note() if self.guard else ""]
+        return " | ".join(p for p in parts if p) or None
 
     def schedule_record(self) -> dict | None:
         return self.engine.schedule_record()
@@ -130,6 +145,7 @@ class SampleBalancedStep(BalancedStep):
             num_microbatches=len(microbatches),
             plan_source=self.plan_source,
             plan_background_s=self.ahead.background_s,
+            guard_gain=self.guard.gain if self.guard is not None else None,
         )
         for phase in plan.phase_costs:
             stats.imbalance_before[phase] = max_over_mean(plan.phase_loads(phase, after=False))
