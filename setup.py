@@ -19,7 +19,8 @@ setup(
     python_requires=">=3.12",
     packages=find_namespace_packages(include=["megatron.mllm*", "orchestration*", "pipeweaver*"]),
     package_data={"orchestration": ["workloads/*.json"]},
-    install_requires=["megatron-core==0.19.2", "numpy", "tqdm"],
+    # einops: megatron-core's process groups of --num-distributed-optimizer-instances.
+    install_requires=["megatron-core==0.19.2", "numpy", "tqdm", "einops"],
     extras_require={
         # Imported only where used, with an error naming the extra when missing.
         "ilp": ["highspy"],  # the ILP lower bound of orchestration.bounds

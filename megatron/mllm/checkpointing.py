@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 TRACKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 _ITERATION_DIR = re.compile(r"iter_(\d+)$")
-_MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer")
+_MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer", "optimizer_instances")
 """What a manifest records of the saving run's layout (older ones lack the optimizer's)."""
 
 
@@ -312,8 +312,9 @@ class Checkpoint:
 
     @property
     def layout(self) -> dict[str, int]:
-        """The saving run's ``tp``, ``pp`` and ``dp`` sizes and ``distributed_optimizer``."""
-        return {"distributed_optimizer": False, **self.manifest["layout"]}
+        """The saving run's ``tp``, ``pp`` and ``dp`` sizes, ``distributed_optimizer`` and
+        ``optimizer_instances`` (``--num-distributed-optimizer-instances``)."""
+        return {"distributed_optimizer": False, "optimizer_instances": 1, **self.manifest["layout"]}
 
     def path(self, relative: str) -> str:
         """A file's path from its name in the manifest."""

@@ -81,7 +81,8 @@ class _CpuDeviceProperties:
 
 
 class _NullStream:
-    """Stands in for ``torch.cuda.current_stream()``: CPU ops are already ordered."""
+    """Stands in for ``torch.cuda.current_stream()`` and a new ``torch.cuda.Stream``: CPU ops
+    are already ordered."""
 
     def wait_event(self, *args, **kwargs):
         return None
@@ -152,6 +153,8 @@ def apply() -> bool:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    # DDP's side stream for the all-reduce across --num-distributed-optimizer-instances.
+    torch.cuda.Stream = lambda *args, **kwargs: _NullStream()
     torch.cuda.get_device_properties = lambda *args, **kwargs: _CpuDeviceProperties()
     # Megatron's argument validation demands this for TP > 1 before Blackwell; without CUDA it
     # limits nothing.

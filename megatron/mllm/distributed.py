@@ -64,6 +64,8 @@ def initialize_distributed(run) -> torch.device:
         tensor_model_parallel_size=run.parallel.tensor,
         pipeline_model_parallel_size=run.parallel.pipeline,
         distributed_timeout_minutes=run.distributed.distributed_timeout_minutes,
+        # The distributed optimizer's shards within DP / N ranks, copied N times.
+        num_distributed_optimizer_instances=run.ddp.num_distributed_optimizer_instances,
     )
     cpu_shim.model_parallel_manual_seed(run.seed)
     torch.manual_seed(run.seed)

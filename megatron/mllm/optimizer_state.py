@@ -26,7 +26,8 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
     """Why a checkpoint's optimizer state cannot be loaded into this run, or None.
 
     Args:
-        saved: the saving run's layout (``dp``, ``distributed_optimizer``).
+        saved: the saving run's layout (``dp``, ``distributed_optimizer``,
+            ``optimizer_instances``).
         layout: this run's.
     """
     mine, theirs = layout["distributed_optimizer"], saved["distributed_optimizer"]
@@ -35,6 +36,14 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
             f"was saved {'with' if theirs else 'without'} --use-distributed-optimizer, this run "
             f"{'with' if mine else 'without'} it: resume with the saved optimizer, or pass "
             "--no-load-optim to keep only the model"
+        )
+    copies, saved_copies = layout.get("optimizer_instances", 1), saved.get("optimizer_instances", 1)
+    if mine and saved_copies != copies:
+        return (
+            f"holds the distributed optimizer's shards of {saved_copies} instance(s) "
+            f"(--num-distributed-optimizer-instances); this run has {copies}: resume with the "
+            "saved count (the shards are not resharded), or pass --no-load-optim to keep only "
+            "the model"
         )
     if mine and saved["dp"] != layout["dp"]:
         return (

@@ -305,6 +305,7 @@ class Trainer:
             "dp": self.dp_size,
             "chunks": self.model.layout(),
             "distributed_optimizer": bool(self.run.ddp.use_distributed_optimizer),
+            "optimizer_instances": int(self.run.ddp.num_distributed_optimizer_instances),
         }
 
     # ----------------------------------------------------------------------------- step

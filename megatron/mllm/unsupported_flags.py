@@ -34,12 +34,7 @@ def check_trainer_flags(args: argparse.Namespace) -> None:
             "runs Megatron's interleaved 1F1B with K LLM chunks per stage (SEMU simulates "
             "the flag)"
         )
-    if args.num_distributed_optimizer_instances != 1:
-        raise ConfigError(
-            f"--num-distributed-optimizer-instances {args.num_distributed_optimizer_instances} is "
-            "not supported by OrchWeave's trainer: its process groups shard the distributed "
-            "optimizer over the whole data-parallel group (SEMU simulates the flag)"
-        )
+    _check_optimizer_instances(args)
     if args.rampup_batch_size:
         raise ConfigError(
             "--rampup-batch-size is not supported by OrchWeave: the loader, the balance plans "
@@ -56,4 +51,26 @@ def check_trainer_flags(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"{flag} is not supported by OrchWeave: the optimizer gives every parameter "
             "--lr's schedule (the embedding and output layer get no learning rate of their own)"
+        )
+
+
+def _check_optimizer_instances(args: argparse.Namespace) -> None:
+    """``--num-distributed-optimizer-instances``: copies of the distributed optimizer's shards,
+    each over ``DP / N`` consecutive data-parallel ranks; megatron-core asserts the division
+    deep in its process groups, and without the distributed optimizer its DDP would reduce
+    the gradients within an instance only."""
+    n = args.num_distributed_optimizer_instances
+    if n == 1:
+        return
+    if n < 1:
+        raise ConfigError(f"--num-distributed-optimizer-instances must be >= 1, got {n}")
+    if not args.use_distributed_optimizer:
+        raise ConfigError(
+            f"--num-distributed-optimizer-instances {n} copies the distributed optimizer's "
+            "shards: add --use-distributed-optimizer"
+        )
+    dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    if dp % n:
+        raise ConfigError(
+            f"--num-distributed-optimizer-instances {n} must divide the data-parallel size {dp}"
         )

@@ -149,9 +149,11 @@ BAD_INPUT = [
      r"--num-virtual-stages-per-pipeline-rank \(megatron-core's"),
     (["--num-experts", "2"], 2, r"--num-experts 2 is not supported by OrchWeave yet"),
     (["--decoupled-lr", "1e-3"], 2, r"--decoupled-lr is not supported by OrchWeave"),
-    (["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"], 2,
-     r"--num-distributed-optimizer-instances 2 is not supported by OrchWeave's trainer: .* "
-     r"\(SEMU simulates the flag\)"),
+    (["--num-distributed-optimizer-instances", "2"], 2,
+     r"--num-distributed-optimizer-instances 2 copies the distributed optimizer's shards: add "
+     r"--use-distributed-optimizer"),
+    (["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "3"], 2,
+     r"--num-distributed-optimizer-instances 3 must divide the data-parallel size 2"),
     (["--rampup-batch-size", "8", "8", "16"], 2,
      r"--rampup-batch-size is not supported by OrchWeave: .* one global batch size"),
     (["--profile-trace", "t.json"], 2, r"--profile-trace needs --profile"),

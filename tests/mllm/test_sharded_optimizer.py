@@ -31,9 +31,11 @@ MODES = {
     "dp2-balanced": ["--post-balance", "auto"],
     "pp2-megatron": PP2,
     "pp2-dynamic": [*PP2, "--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
+    # Two copies of the state, each sharded over one rank: the shards all-reduced across them.
+    "dp2-two-instances": ["--num-distributed-optimizer-instances", "2"],
 }
 """Every mode runs with the distributed optimizer; DDP's DP=2 run is the reference of all."""
-RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic")
+RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic", "dp2-two-instances")
 
 
 def _records(path: Path) -> list[dict]:
@@ -55,6 +57,8 @@ def runs(tmp_path_factory):
     model_only = ["--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2", "--no-load-optim"]
     configs["distopt-dp2-model-only"] = [*THREE, *DISTOPT, *model_only]
     configs["ddp-loads-distopt"] = [*THREE, "--load", str(out / "ckpt" / "dp2"), "--ckpt-step", "2"]
+    configs["two-instances-load-one"] = [*THREE, *DISTOPT, *MODES["dp2-two-instances"], "--load",
+                                         str(out / "ckpt" / "dp2"), "--ckpt-step", "2"]  # fmt: skip
     argv = [str(out)]
     for name, flags in configs.items():
         argv += [name, *TINY, *flags, "---"]
@@ -95,16 +99,27 @@ def test_distributed_optimizer_learns_what_ddp_learns(runs, name):
 def test_the_state_is_sharded_one_file_per_rank(runs):
     directory = runs / "ckpt" / "dp2" / "iter_0000002"
     manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest["layout"] == {"tp": 1, "pp": 1, "dp": 2, "distributed_optimizer": True}
+    assert manifest["layout"] == {"tp": 1, "pp": 1, "dp": 2, "distributed_optimizer": True,
+                                  "optimizer_instances": 1}  # fmt: skip
+    sizes = _shard_sizes(directory)
+    # Each rank holds about half of the main parameters and moments, not a replica.
+    total = sum(p.numel() for p in torch.load(runs / "ddp" / "rank0.pt")["params"].values())
+    assert sum(sizes) == total and abs(sizes[0] - sizes[1]) <= total // 10, (sizes, total)
+    # With two instances of one rank each, every rank holds a whole copy.
+    copies = runs / "ckpt" / "dp2-two-instances" / "iter_0000002"
+    assert json.loads((copies / "manifest.json").read_text())["layout"]["optimizer_instances"] == 2
+    assert _shard_sizes(copies) == [total, total]
+
+
+def _shard_sizes(directory: Path) -> list[int]:
+    """Per DP rank, the main parameters its shard file holds (every moment filled)."""
     sizes = []
     for r in (0, 1):
         (shard,) = torch.load(directory / "mp_rank_00" / f"distrib_optim_dp_{r:04d}.pt")
         entries = [e for buckets in shard[0].values() for bucket in buckets for e in bucket]
         sizes.append(sum(e["param"].numel() for e in entries))
         assert all(e["exp_avg_sq"].sum() > 0 for e in entries if e["param"].numel())
-    # Each rank holds about half of the main parameters and moments, not a replica.
-    total = sum(p.numel() for p in torch.load(runs / "ddp" / "rank0.pt")["params"].values())
-    assert sum(sizes) == total and abs(sizes[0] - sizes[1]) <= total // 10, (sizes, total)
+    return sizes
 
 
 @pytest.mark.parametrize("mode", RESUMED)
@@ -128,11 +143,18 @@ def test_no_load_optim_restores_the_model_alone(runs):
     assert resumed["iteration"] == 3 and resumed["lm_loss"] == full[2]["lm_loss"]
 
 
-def test_a_resume_with_the_other_optimizer_is_refused_on_every_rank(runs):
-    messages = [(runs / f"ddp-loads-distopt.rank{r}.error").read_text() for r in (0, 1)]
+REFUSED = {
+    "ddp-loads-distopt": "was saved with --use-distributed-optimizer, this run without it: "
+    "resume with the saved optimizer, or pass --no-load-optim to keep only the model",
+    "two-instances-load-one": "holds the distributed optimizer's shards of 1 instance(s) "
+    "(--num-distributed-optimizer-instances); this run has 2: resume with the saved count (the "
+    "shards are not resharded), or pass --no-load-optim to keep only the model",
+}
+"""Resumes of the DP=2 distributed optimizer's checkpoint that must be refused, and why."""
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_resume_with_another_optimizer_layout_is_refused_on_every_rank(runs, name):
+    messages = [(runs / f"{name}.rank{r}.error").read_text() for r in (0, 1)]
     assert messages[0] == messages[1]
-    assert messages[0] == (
-        f"{runs}/ckpt/dp2/iter_0000002 was saved with --use-distributed-optimizer, this run "
-        "without it: resume with the saved optimizer, or pass --no-load-optim to keep only the "
-        "model"
-    )
+    assert messages[0] == f"{runs}/ckpt/dp2/iter_0000002 {REFUSED[name]}"
