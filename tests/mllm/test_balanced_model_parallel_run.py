@@ -5,7 +5,8 @@ alternation with Megatron's step; at PP = 2, DP = 2 the alternation of whole-sam
 with megatron-core's pipeline and with the dynamic pipeline's search. Each TP or PP rank
 gathers the times over its own DP group; the step first makes its control words equal over
 the ranks of its DP index (``BalancedStep.control_words``), so every rank fits the same
-costs, makes the same plans and switches alike. The oracle of "the same plans" is the
+costs, makes the same plans and switches alike; at PP = 2 the probing guard as well, through a
+probe, its decision and the next probe. The oracle of "the same plans" is the
 trainer's own world-wide digest check, which stops the run on any difference; the oracle of
 correctness is ``--post-balance none``'s losses and samples."""
 
@@ -16,7 +17,14 @@ from conftest import DYNAMIC
 from golden_losses import MAIN_JOB
 from launch import train_runs
 
-from orchestration.measured_guard import AlternatingArms
+from orchestration.measured_guard import (
+    BLOCK,
+    MARGIN,
+    PROBE_LENGTH,
+    PROBE_START,
+    AlternatingArms,
+    MeasuredGuard,
+)
 
 pytestmark = pytest.mark.multiproc
 
@@ -24,6 +32,11 @@ ITERS = ["--train-iters", "6", "--lr-decay-iters", "6"]
 TP2 = ["--tensor-model-parallel-size", "2", *ITERS]
 PP2 = ["--pipeline-model-parallel-size", "2", *ITERS]
 ALTERNATE = ["--post-balance", "auto", "--post-balance-alternate", "2"]
+GUARD_INTERVAL = PROBE_LENGTH + BLOCK  # a window of 3 iterations after the decision
+GUARD_ITERS = PROBE_START + GUARD_INTERVAL + 1  # the second probe's first iteration
+# Half the main job's batch (2 microbatches per DP group): the guard needs many iterations.
+PP2_LONG = ["--pipeline-model-parallel-size", "2", "--train-iters", str(GUARD_ITERS),
+            "--lr-decay-iters", str(GUARD_ITERS), "--global-batch-size", "8"]  # fmt: skip
 RUNS = {
     "tp2-none": [*TP2],
     # The fits are warm after one measured iteration: plans 3 to 6 use fitted seconds.
@@ -36,6 +49,10 @@ RUNS = {
     # run stopped at its second iteration until 2026-12-06).
     "pp2-dynamic-balanced": [*PP2, *DYNAMIC[2:], "--post-balance", "auto"],
     "pp2-dynamic-alternating": [*PP2, *DYNAMIC[2:], *ALTERNATE],
+    # The probing guard through a probe, its decision, the window and the next probe (what
+    # both arms learn is the alternation's test).
+    "pp2-guarded": [*PP2_LONG, "--post-balance", "auto", "--post-balance-guard-interval",
+                    str(GUARD_INTERVAL)],  # fmt: skip
 }
 
 
@@ -71,3 +88,19 @@ def test_the_alternation_runs_its_blocks_and_learns_what_megatron_learns(records
         [r["lm_loss"] for r in none], rel=1e-5
     )
     assert [r["samples"] for r in alternating] == [r["samples"] for r in none]
+
+
+def test_the_guard_probes_and_decides_at_pp2(records):
+    guarded = records["pp2-guarded"]
+    assert len(guarded) == GUARD_ITERS
+    balanced = [r["balanced"] for r in guarded]
+    pattern = MeasuredGuard(GUARD_INTERVAL)
+    decided = PROBE_START + PROBE_LENGTH
+    # The probe's last time arrives with the next batch: until then the pattern decides.
+    assert balanced[: decided + 1] == [pattern.enabled(i) for i in range(decided + 1)]
+    gain = guarded[decided + 1]["balance_guard_gain"]
+    assert gain > 0
+    window = balanced[decided + 1 : PROBE_START + GUARD_INTERVAL]
+    assert window == [gain >= 1 + MARGIN] * len(window), (gain, window)
+    assert all(balanced[PROBE_START + GUARD_INTERVAL :])  # the second probe, on time
+    assert guarded[-1]["lm_loss"] < guarded[0]["lm_loss"]  # it trained
