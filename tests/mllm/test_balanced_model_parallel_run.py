@@ -17,14 +17,8 @@ from conftest import DYNAMIC
 from golden_losses import MAIN_JOB
 from launch import train_runs
 
-from orchestration.measured_guard import (
-    BLOCK,
-    MARGIN,
-    PROBE_LENGTH,
-    PROBE_START,
-    AlternatingArms,
-    MeasuredGuard,
-)
+from orchestration import measured_guard as rules
+from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 
 pytestmark = pytest.mark.multiproc
 
@@ -32,8 +26,8 @@ ITERS = ["--train-iters", "6", "--lr-decay-iters", "6"]
 TP2 = ["--tensor-model-parallel-size", "2", *ITERS]
 PP2 = ["--pipeline-model-parallel-size", "2", *ITERS]
 ALTERNATE = ["--post-balance", "auto", "--post-balance-alternate", "2"]
-GUARD_INTERVAL = PROBE_LENGTH + BLOCK  # a window of 3 iterations after the decision
-GUARD_ITERS = PROBE_START + GUARD_INTERVAL + 1  # the second probe's first iteration
+GUARD_INTERVAL = rules.PROBE_LENGTH + rules.BLOCK  # a window of 3 iterations after the decision
+GUARD_ITERS = rules.PROBE_START + GUARD_INTERVAL + 1  # the second probe's first iteration
 # Half the main job's batch (2 microbatches per DP group): the guard needs many iterations.
 PP2_LONG = ["--pipeline-model-parallel-size", "2", "--train-iters", str(GUARD_ITERS),
             "--lr-decay-iters", str(GUARD_ITERS), "--global-batch-size", "8"]  # fmt: skip
@@ -95,12 +89,12 @@ def test_the_guard_probes_and_decides_at_pp2(records):
     assert len(guarded) == GUARD_ITERS
     balanced = [r["balanced"] for r in guarded]
     pattern = MeasuredGuard(GUARD_INTERVAL)
-    decided = PROBE_START + PROBE_LENGTH
+    decided = rules.PROBE_START + rules.PROBE_LENGTH
     # The probe's last time arrives with the next batch: until then the pattern decides.
     assert balanced[: decided + 1] == [pattern.enabled(i) for i in range(decided + 1)]
     gain = guarded[decided + 1]["balance_guard_gain"]
     assert gain > 0
-    window = balanced[decided + 1 : PROBE_START + GUARD_INTERVAL]
-    assert window == [gain >= 1 + MARGIN] * len(window), (gain, window)
-    assert all(balanced[PROBE_START + GUARD_INTERVAL :])  # the second probe, on time
+    window = balanced[decided + 1 : rules.PROBE_START + GUARD_INTERVAL]
+    assert window == [gain >= 1 + rules.MARGIN] * len(window), (gain, window)
+    assert all(balanced[rules.PROBE_START + GUARD_INTERVAL :])  # the second probe, on time
     assert guarded[-1]["lm_loss"] < guarded[0]["lm_loss"]  # it trained
