@@ -69,7 +69,7 @@ def _check_optimizer_instances(args: argparse.Namespace) -> None:
             f"--num-distributed-optimizer-instances {n} copies the distributed optimizer's "
             "shards: add --use-distributed-optimizer"
         )
-    dp = args.world_size // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    dp = args.data_parallel_size  # Megatron's, derived by its argument validation
     if dp % n:
         raise ConfigError(
             f"--num-distributed-optimizer-instances {n} must divide the data-parallel size {dp}"
