@@ -80,8 +80,7 @@ class SampleBalancedStep(BalancedStep):
         return self.engine.last_schedule
 
     def log_note(self) -> str | None:
-        parts = [self.engine.log_note() or "", self.guard_note() if self.guard else ""]
-        return " | ".join(p for p in parts if p) or None
+        return " | ".join(p for p in (self.engine.log_note(), self.guard_note()) if p) or None
 
     def schedule_record(self) -> dict | None:
         return self.engine.schedule_record()
