@@ -17,9 +17,10 @@ docs/architecture.md [5]):
   Megatron-FSDP: the reduce-scatter after every backward, the all-reduce only in the last
   microbatch's); weights are all-gathered within the group.
 
-So a ring spans ``S`` ranks, not ``DP``: at DP 320 a collective pays 7 steps of NIC latency
-instead of 319, for the price of one all-reduce of ``1 / S`` of the gradients across the copies
-and ``N`` times the sharded states. One instance is the whole DP group, as without the flag.
+So a ring spans ``S`` ranks, not ``DP``: at DP 320 with 40 copies (``S = 8``) a collective pays
+7 steps of NIC latency instead of 319, for the price of one all-reduce of ``1 / S`` of the
+gradients across the copies and ``N`` times the sharded states. One instance is the whole DP
+group, as without the flag.
 
 Global rank of (TP rank ``t``, DP rank ``d``, pipeline stage ``r``) is ``t + TP (d + DP r)``,
 so a group of consecutive DP ranks sits in one node when its ``TP x S`` ranks fit in one, and
