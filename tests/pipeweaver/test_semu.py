@@ -334,8 +334,9 @@ def test_comm_and_compute_cost_formulas():
                         intra += row[j]
                     elif j != i:
                         inter += row[j]
-                worst = max(worst, intra / bw_in + (dev.intra_node_latency_s if intra else 0),
-                            inter / bw_out + (dev.inter_node_latency_s if inter else 0))  # fmt: skip
+                t_in = intra / bw_in + (dev.intra_node_latency_s if intra else 0)
+                t_out = inter / bw_out + (dev.inter_node_latency_s if inter else 0)
+                worst = max(worst, t_in, t_out)
         assert comm.all_to_all(m, ranks) == worst
         assert comm.all_to_all(m.tolist(), ranks) == worst
     # Stage costs: roofline, TP collectives, recompute, offload.
