@@ -42,10 +42,10 @@ def takes_node_hops(world: int, gpus_per_node: int | None) -> bool:
     return bool(gpus_per_node) and gpus_per_node < world and world % gpus_per_node == 0
 
 
-def block_holders(
+def block_moves(
     counts: np.ndarray, gpus_per_node: int | None
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """The blocks of an exchange, and who holds each after every hop.
+) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """The blocks of an exchange, and where each goes in every hop.
 
     Args:
         counts: ``[world, world]`` rows (or anything whose nonzero entries are the blocks).
@@ -53,38 +53,37 @@ def block_holders(
             divide the world into several nodes): the direct exchange.
 
     Returns:
-        ``(src, dst, holders)``: the blocks' source and destination ranks, in ``(src, dst)``
-        order, and per hop the rank holding each block after it (the last hop's is ``dst``).
+        ``(src, dst, moves)``: the blocks' source and destination ranks, in ``(src, dst)``
+        order, and per hop ``(holder, next holder)`` of each block (the first hop's holder is
+        ``src``, the last hop's next holder ``dst``).
     """
     world = counts.shape[0]
     src, dst = np.nonzero(counts > 0)  # row-major: (src, dst) order
     if not takes_node_hops(world, gpus_per_node):
-        return src, dst, [dst]
+        return src, dst, [(src, dst)]
     g = gpus_per_node
     src_node, dst_node = src // g, dst // g
     local = src_node == dst_node
     first = np.where(local, dst, src_node * g + dst_node % g)
     # After the first hop a block not yet in its destination's node is in its source's node.
     second = np.where(local, first, dst_node * g + src_node % g)
-    return src, dst, [first, second, dst]
+    return src, dst, [(src, first), (first, second), (second, dst)]
 
 
 def plan_hops(counts: np.ndarray, gpus_per_node: int | None) -> list[Hop]:
     """The hops of an exchange of ``counts`` rows, direct or node-wise, with every rank's blocks
     in wire order (see the module docstring)."""
     world = counts.shape[0]
-    src, dst, holders = block_holders(counts, gpus_per_node)
+    src, dst, moves = block_moves(counts, gpus_per_node)
     pairs = list(zip(src.tolist(), dst.tolist()))
     hops = []
-    here = src
-    for nxt in holders:
+    for here, nxt in moves:
         blocks = [[[] for _ in range(world)] for _ in range(world)]
         # A stable sort by (holder, next holder) keeps each message's blocks in (src, dst)
         # order, the order every rank sends them in.
         for i in np.lexsort((nxt, here)).tolist():
             blocks[here[i]][nxt[i]].append(pairs[i])
         hops.append(Hop(tuple(tuple(tuple(b) for b in row) for row in blocks)))
-        here = nxt
     return hops
 
 
@@ -96,26 +95,21 @@ def hop_matrices(values: np.ndarray, gpus_per_node: int | None) -> list[np.ndarr
     blocks would.
     """
     world = values.shape[0]
-    src, dst, holders = block_holders(values, gpus_per_node)
+    src, dst, moves = block_moves(values, gpus_per_node)
     block_values = values[src, dst]
     out = []
-    here = src
-    for nxt in holders:
+    for here, nxt in moves:
         matrix = np.zeros((world, world))
         np.add.at(matrix, (here, nxt), block_values)  # unbuffered: in the blocks' order
         out.append(matrix)
-        here = nxt
     return out
 
 
 def inter_node_messages(counts: np.ndarray, gpus_per_node: int, node_wise: bool) -> int:
     """Number of nonempty rank-to-rank messages that cross nodes in an exchange."""
     g = gpus_per_node
-    src, _, holders = block_holders(counts, g if node_wise else None)
     total = 0
-    here = src
-    for nxt in holders:
+    for here, nxt in block_moves(counts, g if node_wise else None)[2]:
         crossing = here // g != nxt // g
         total += len(set(zip(here[crossing].tolist(), nxt[crossing].tolist())))
-        here = nxt
     return total

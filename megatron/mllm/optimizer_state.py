@@ -37,7 +37,7 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
             f"{'with' if mine else 'without'} it: resume with the saved optimizer, or pass "
             "--no-load-optim to keep only the model"
         )
-    copies, saved_copies = layout.get("optimizer_instances", 1), saved.get("optimizer_instances", 1)
+    copies, saved_copies = layout["optimizer_instances"], saved["optimizer_instances"]
     if mine and saved_copies != copies:
         return (
             f"holds the distributed optimizer's shards of {saved_copies} instance(s) "

@@ -156,8 +156,8 @@ class SampleBalancedStep(BalancedStep):
         return self.engine.run_packed(microbatches, **kwargs)
 
     def _unbalanced(self, loaded, **kwargs) -> list:
-        """An iteration the alternation runs as Megatron would: the engine on the loader's
-        samples, nothing planned or moved; its times still reach the alternation."""
+        """An iteration the guard (or the alternation) runs as Megatron would: the engine on
+        the loader's samples, nothing planned or moved; its times still reach the guard."""
         batch = loaded[0].batch
         self.unbalanced(batch)
         self.balance_stats = BalanceStats(plan_source="guard", balanced=False,
