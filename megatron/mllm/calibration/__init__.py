@@ -12,9 +12,7 @@ grid of the first three, for tests):
     DDP with the trainer's DDP config, so the per-parameter gradient-accumulation hooks run in
     every backward; the backward is started the way megatron-core's ``backward_step`` starts it
     (the C++ engine directly, ``custom_backward``: the trainer sets
-    ``deallocate_pipeline_outputs``), which keeps the CPU shim's ``TorchFunctionMode`` active in
-    the Python autograd functions of the backward, as in the trainer (``Tensor.backward()``
-    would switch it off and run ~25% faster than the trainer does). Per module:
+    ``deallocate_pipeline_outputs``). Per module:
 
     * one transformer layer over a grid of ``k`` packed sequences of ``n`` tokens; forward and
       backward are each fitted as ``const + per_sequence * (k-1) + linear * N +

@@ -66,9 +66,7 @@ def engine_backward(out: torch.Tensor, grad: torch.Tensor) -> None:
     """The backward as megatron-core's ``backward_step`` runs it in the trainer.
 
     The trainer sets ``deallocate_pipeline_outputs``, so ``backward_step`` calls the C++ engine
-    directly (``custom_backward``). Unlike ``Tensor.backward()``, which dispatches through the
-    CPU shim's ``TorchFunctionMode`` and so runs the whole backward with the mode switched off,
-    this keeps the mode active in every Python autograd function and DDP hook of the backward.
+    directly (``custom_backward``); so does the calibration.
     """
     torch.autograd.Variable._execution_engine.run_backward(
         tensors=(out,),
