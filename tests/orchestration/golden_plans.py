@@ -5,8 +5,10 @@ A fingerprint hashes everything a plan decides (each phase's destinations and po
 encoder-output routes, predicted loads, the algorithm kept, the whole-sample plan and the
 microbatches of the first ranks), so a restructuring that changes any decision changes it.
 ``golden/plan_fingerprints.json`` holds the values of commit 73f5d61, before the restructuring
-of issue 9; ``test_plan_golden.py`` recomputes them. Regenerate only when a plan is meant to
-change: ``python tests/orchestration/golden_plans.py --write``.
+of issue 9; ``test_plan_golden.py`` recomputes them. Their measured costs come from a copy of
+the CPU calibration they were computed with (``golden/calibration-cpu.json``), so that a new
+calibration of the host changes no fingerprint. Regenerate only when a plan is meant to change:
+``python tests/orchestration/golden_plans.py --write``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def cost_models() -> dict[str, CostModel]:
     from megatron.mllm.config_files import load_run_config
 
     shape = load_run_config("cpu-main", world_size=2).shape
-    cal = Calibration.load(REPO / "scripts" / "configs" / "calibration-cpu.json")
+    cal = Calibration.load(Path(__file__).with_name("golden") / "calibration-cpu.json")
     return {"flops": CostModel.build(shape), "seconds": CostModel.build(shape, cal)}
 
 
