@@ -178,11 +178,6 @@ class IterationPlan:
     digest: str
     """sha256 of the metadata digest and every phase's destinations: equal on every rank."""
 
-    @property
-    def moves_nothing(self) -> bool:
-        """Every phase keeps every item on its rank (so every encoder output is at home too)."""
-        return all(p.dispatch.moved_items == 0 for p in self.phases)
-
     def phase(self, name: str) -> PhasePlan:
         """The plan of one phase."""
         for p in self.phases:

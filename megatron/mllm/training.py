@@ -406,7 +406,6 @@ class Trainer:
             m["unit"] = balanced.unit
             m["decisions"] = balanced.decisions
             m["balanced"] = balanced.balanced
-            m["ordinary_step"] = balanced.ordinary_step
             if balanced.guard_gain is not None:
                 m["balance_guard_gain"] = balanced.guard_gain
         searched = self.step.schedule_record()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from equivalence import FULL_SHAPES, TINY, alike_workload, run_configs, variable_workload
+from equivalence import FULL_SHAPES, TINY, run_configs, variable_workload
 from launch import REPO
 
 BALANCED = ["--post-balance", "auto"]
@@ -54,8 +54,7 @@ def references(tmp_path_factory, workload_dir):
     runs = run_configs(
         tmp_path_factory.mktemp("world1"),
         1,
-        {"default": [], "variable": variable_workload(workload_dir),
-         "alike": alike_workload(workload_dir)},  # fmt: skip
+        {"default": [], "variable": variable_workload(workload_dir)},
     )
     FULL_SHAPES.update({name: g.shape for name, g in runs["default"][0].items()})
     return runs
@@ -99,7 +98,6 @@ def world2(tmp_path_factory, references, workload_dir):
         "pp2-interleaved-balanced": [*PP2, "--pipeline-schedule", "interleaved",
                                      "--llm-chunks-per-stage", "2", *LAYOUT_BALANCED],  # fmt: skip
         "variable-dp2-balanced": [*variable, *BALANCED],
-        "alike-dp2-balanced": [*alike_workload(workload_dir), *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip
     }

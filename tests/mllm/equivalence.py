@@ -53,32 +53,12 @@ def variable_workload(directory: Path) -> list[str]:
     return ["--workload", str(path), "--workload-token-scale", "1"]
 
 
-# Eight copies of one sample: every DP rank loads the same work, so a balance plan has nothing
-# to move (the step then runs Megatron's own).
-ALIKE_JSONL = "".join(
-    f'{{"id": "same-{i}", "text_tokens": 20, "image": [{{"units": [16, 16], "llm_tokens": 8}}], '
-    f'"audio": [{{"units": [47], "llm_tokens": 10}}]}}\n'
-    for i in range(8)
-)
-
-
-def alike_workload(directory: Path) -> list[str]:
-    """Flags that train on :data:`ALIKE_JSONL` (written into ``directory``)."""
-    path = directory / "alike.jsonl"
-    path.write_text(ALIKE_JSONL)
-    return ["--workload", str(path), "--workload-token-scale", "1"]
-
-
 FULL_SHAPES: dict[str, torch.Size] = {}
 """Unsharded shape of every parameter (from the TP=1 reference), to merge TP shards."""
 
 PEAK_SAVED_BYTES: dict[str, list[int]] = {}
 """Per ``memory-`` configuration run by :func:`run_configs`, each rank's peak of activation
 bytes kept for backward during the step (``grad_worker.py`` counts them)."""
-
-ORDINARY_STEP: dict[str, list[bool]] = {}
-"""Per configuration run by :func:`run_configs`, whether each rank's balancing step handed the
-iteration to Megatron's own step because its plan moved nothing (False without balancing)."""
 
 
 def run_configs(
@@ -94,9 +74,6 @@ def run_configs(
         argv += [name, *TINY, *flags, "---"]
     check(torchrun(nproc, GRAD_WORKER, argv, timeout=600))
     for name in configs:
-        ORDINARY_STEP[name] = [
-            torch.load(tmp_path / name / f"rank{r}.pt")["ordinary_step"] for r in range(nproc)
-        ]
         if name.startswith("memory-"):
             PEAK_SAVED_BYTES[name] = [
                 torch.load(tmp_path / name / f"rank{r}.pt")["peak_saved_bytes"]

@@ -5,8 +5,7 @@ Usage: ``grad_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. For each co
 (same world size; any layout, schedule or balancing) it builds a fresh trainer in the same
 processes, runs one iteration's forward and backward and writes
 ``OUT_DIR/NAME/rank{R}.pt`` with the finalized main gradients and the initial parameters (by
-layout-independent name), the loss sum and token count, and whether a balancing step ran
-Megatron's own step because its plan moved nothing. Running several configurations in
+layout-independent name) and the loss sum and token count. Running several configurations in
 one launch saves the processes' start-up (seconds of imports each).
 
 A configuration whose name starts with ``memory-`` also records ``peak_saved_bytes``: the peak of
@@ -63,7 +62,6 @@ def main() -> None:
                 "loss": loss,
                 "params": trainer.parameters_by_name(),
                 "peak_saved_bytes": tracker.peak,
-                "ordinary_step": bool(getattr(trainer.step.balance_stats, "ordinary_step", False)),
             },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
         )

@@ -89,11 +89,6 @@ class BalanceStats:
     """The balance guard's latest measured gain of balancing over Megatron's step (None before
     its first decision, or without a guard)."""
 
-    ordinary_step: bool = False
-    """The plan moved nothing, so Megatron's own step ran the iteration: its assignment is the
-    plan's, and it needs none of the balanced step's exchanges and per-phase synchronisation
-    (PP = 1)."""
-
 
 class TrainingStep:
     """Base of the training modes (see the module docstring)."""

@@ -31,7 +31,6 @@ the global number of loss tokens.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import numpy as np
@@ -97,9 +96,9 @@ class PhaseBalancedStep(BalancedStep):
         """Args: those of :class:`BalancedStep`, ``pg_collection``, megatron-core's process
         groups (for ``finalize_model_grads``), ``chat_turns``, the turn tokens the LLM
         microbatches mask the loss by (``--prompt-format chat``; None: no masking), and
-        ``fallback``, Megatron's own step (``--post-balance none``): it runs every iteration
-        whose plan moves nothing, and with ``--post-balance-guard-interval`` > 0 the guard
-        measures balancing against it in the run and runs it where balancing does not pay."""
+        ``fallback``, Megatron's own step (``--post-balance none``): with it and
+        ``--post-balance-guard-interval`` > 0, the guard measures balancing against it in the
+        run and runs it where balancing does not pay."""
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
         self.chat_turns = chat_turns
@@ -132,7 +131,7 @@ class PhaseBalancedStep(BalancedStep):
                 self.guard = AlternatingArms(b.post_balance_alternate, first_on=first)
             elif b.post_balance_guard_interval:
                 self.guard = MeasuredGuard(b.post_balance_guard_interval)
-        self.fallback = fallback
+            self.fallback = fallback if self.guard is not None else None
 
     def describe(self) -> str:
         text = self.describe_balance(f"per phase {self.balance.balance_phases}")
@@ -176,20 +175,17 @@ class PhaseBalancedStep(BalancedStep):
                                    **kwargs)  # fmt: skip
             self.last_samples = self.fallback.last_samples
             return losses
-        plan = self.planned(batch)
-        if plan.moves_nothing and self.fallback is not None:
-            # Megatron's step on the same assignment: no exchange, no per-phase waits (on the
-            # CPU main job the balanced step's own host work costs 7-10 ms per iteration).
-            losses = self.fallback(data_iterator=iter(loaded), num_microbatches=num_microbatches,
-                                   **kwargs)  # fmt: skip
-            self.balance_stats = dataclasses.replace(self._stats(plan), ordinary_step=True)
-            self.last_samples = self.fallback.last_samples
-            return losses
         self.last_samples = []
-        return self._balanced(loaded, plan, num_microbatches, **kwargs)
+        return self._balanced(loaded, num_microbatches, **kwargs)
 
-    def _stats(self, plan: IterationPlan) -> BalanceStats:
-        """The plan's figures for the log line and metrics."""
+    def _balanced(self, loaded, num_microbatches: int, *, forward_step_func, model,
+                  forward_only: bool = False, collect_non_loss_data: bool = False,
+                  **unused) -> list:  # fmt: skip
+        batch = loaded[0].batch
+        local = [s for mb in loaded for s in mb.samples]
+        disp = self.dispatcher
+        me = disp.rank
+        plan = self.planned(batch)
         stats = BalanceStats(
             plan_source=self.plan_source,
             plan_background_s=self.ahead.background_s,
@@ -197,6 +193,7 @@ class PhaseBalancedStep(BalancedStep):
             plan_digest=plan.digest,
             guard_gain=self.guard.gain if self.guard is not None else None,
         )
+        self.phase_s = dict.fromkeys(self.cost_model.phase_order, 0.0)
         for p in plan.phases:
             stats.imbalance_before[p.phase] = p.imbalance_before
             stats.imbalance_after[p.phase] = p.imbalance_after
@@ -204,17 +201,6 @@ class PhaseBalancedStep(BalancedStep):
             stats.predicted_loads[p.phase] = [float(x) for x in p.loads_after]
             stats.predicted_loads_before[p.phase] = [float(x) for x in p.loads_before]
             stats.unit = p.unit
-        return stats
-
-    def _balanced(self, loaded, plan: IterationPlan, num_microbatches: int, *,
-                  forward_step_func, model, forward_only: bool = False,
-                  collect_non_loss_data: bool = False, **unused) -> list:  # fmt: skip
-        batch = loaded[0].batch
-        local = [s for mb in loaded for s in mb.samples]
-        disp = self.dispatcher
-        me = disp.rank
-        stats = self._stats(plan)
-        self.phase_s = dict.fromkeys(self.cost_model.phase_order, 0.0)
         config = get_model_config(model[0])
         encoders = get_attr_wrapped_model(model[0], "encoders")
         no_sync = config.no_sync_func if config.no_sync_func is not None else contextlib.nullcontext
