@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from orchestration.sample_seeds import SeedBlocks
 from orchestration.workload import (
     MAX_TOKENS,
     MODALITIES,
@@ -289,6 +290,9 @@ class WorkloadGenerator:
     _cap: int = field(init=False, repr=False)
     """:attr:`max_sequence_tokens`, scaled once (every sample is fitted to it)."""
 
+    _seeds: SeedBlocks | None = field(init=False, repr=False, compare=False, default=None)
+    """The samples' generators, seeded in blocks (a 32-bit seed), made at the first sample."""
+
     def __post_init__(self) -> None:
         if not self.token_scale > 0:
             raise WorkloadError(f"token_scale must be positive, got {self.token_scale}")
@@ -330,9 +334,11 @@ class WorkloadGenerator:
                 has LLM positions; the message names the spec, the sample and the field.
         """
         if index < _WORD and self.seed < _WORD:
-            # The same two 32-bit words SeedSequence makes of the list [seed, index], given as
-            # an array: its coercion of a list costs about 2 of the 11 us a generator takes.
-            rng = np.random.default_rng(np.array([self.seed, index], dtype=np.uint32))
+            # The generator of the two 32-bit words SeedSequence makes of [seed, index].
+            seeds = self._seeds
+            if seeds is None or seeds.seed != self.seed:
+                seeds = self._seeds = SeedBlocks(self.seed)
+            rng = seeds.generator(index)
         else:
             rng = np.random.default_rng([self.seed, index])
         ci = weighted_index(rng, self._cdf)
