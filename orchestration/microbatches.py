@@ -90,15 +90,21 @@ def form_microbatches(
             )
         m = max(m, -(-int(t.sum()) // int(max_tokens)))
     m = min(m, n)
-    if m == 1 and np.all(c >= 0) and np.all(np.isfinite(c)):
-        # One microbatch holds everything (the packing limit, checked above, allowed it): the
-        # balancer's answer, without its candidates (per rank and iteration at micro batch =
-        # samples per rank, as OrchMLLM's one-microbatch LLM phase runs). Bad costs take the
-        # balancer's path, which names them.
+    if m in (1, n) and np.all(c >= 0) and np.all(np.isfinite(c)):
+        # One microbatch holds everything (the packing limit, checked above, allowed it), or
+        # each holds one sample: the only answers once every microbatch must hold a sample,
+        # in the balancer's order, without its candidates (per rank and iteration: at micro
+        # batch = samples per rank, as OrchMLLM's one-microbatch LLM phase runs; at micro
+        # batch 1, as the 84B model's 32 per rank). Bad costs take the balancer's path, which
+        # names them.
+        if m == 1:
+            return MicrobatchPlan(
+                (tuple(range(n)),), np.array([float(c.sum())]),
+                np.array([int(t.sum())], dtype=np.int64), int(num_microbatches),
+            )  # fmt: skip
         return MicrobatchPlan(
-            (tuple(range(n)),), np.array([float(c.sum())]),
-            np.array([int(t.sum())], dtype=np.int64), int(num_microbatches),
-        )  # fmt: skip
+            tuple((i,) for i in range(n)), c.copy(), t.copy(), int(num_microbatches)
+        )
     while True:
         try:
             res = balance(

@@ -30,7 +30,7 @@ from orchestration.metadata import (
     phase_items,
     sample_encoder_tokens,
 )
-from orchestration.microbatches import form_microbatches
+from orchestration.microbatches import _fill_empty, form_microbatches
 from orchestration.model_shape import ModelShape, TransformerShape
 from orchestration.phase_plan import plan_iteration
 from orchestration.routing import Route, row_index
@@ -419,6 +419,27 @@ def test_one_microbatch_is_the_balancers_answer_for_one_bin():
         assert mb.tokens.tolist() == [int(tokens.sum())] and mb.tokens.dtype == np.int64
     with pytest.raises(ValueError, match="costs must be finite"):
         form_microbatches(np.array([1.0, np.nan]), np.array([1, 2]), 1, None)
+
+
+def test_one_sample_per_microbatch_is_the_balancers_answer_for_as_many_bins():
+    # As many microbatches as samples (the 84B model's micro batch 1) also skips the balancer:
+    # its answer, once every microbatch holds a sample, is one sample each, in sample order.
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        n = int(rng.integers(2, 40))
+        costs, tokens = rng.random(n) * 1e3, rng.integers(1, 50, n)
+        limit = None if rng.random() < 0.3 else int(tokens.max()) + int(rng.integers(0, 9))
+        wanted = n + int(rng.integers(0, 3))
+        mb = form_microbatches(costs, tokens, wanted, limit)
+        bins = _fill_empty(
+            balance(costs, n, sizes=tokens if limit else None, cap=limit).bins, costs, n
+        )
+        groups = sorted((np.flatnonzero(bins == b).tolist() for b in range(n)), key=lambda g: g[0])
+        assert mb.microbatches == tuple(tuple(g) for g in groups)
+        assert mb.loads.tolist() == costs.tolist() and mb.tokens.tolist() == tokens.tolist()
+        assert mb.tokens.dtype == np.int64 and mb.requested == wanted
+    with pytest.raises(ValueError, match="costs must be finite"):
+        form_microbatches(np.array([1.0, np.inf]), np.array([1, 2]), 2, None)
 
 
 def test_microbatches_grow_when_the_limit_requires_and_name_a_too_long_sample():
