@@ -51,6 +51,7 @@ from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, pack_microbatch
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import collector_paused
 from pipeweaver.semu.simulator import Semu
+from pipeweaver.semu.timing import ComputeCost
 
 TOKEN_ID_BYTES = 8.0
 """Bytes of one token id on the wire (int64, as the loader makes them)."""
@@ -229,7 +230,7 @@ def phase_balanced_batches(
     cost_model: CostModel,
     setup: PostBalanceSetup,
     num_microbatches: int,
-    flops_of: Callable[[SampleMeta], float],
+    flops_of: Callable[[SampleMeta], float] | None,
     budget: WorkBudget = DEFAULT_BUDGET,
     samples: Sequence[SampleMeta] | None = None,
 ) -> BalancedBatches:
@@ -237,7 +238,8 @@ def phase_balanced_batches(
     trainer's ``PhaseBalancedStep``: the LLM phase leaves every rank at least
     ``num_microbatches`` samples, as the running step asks; ``budget``, the planner's work
     limits, is ``orchestration.cost_feedback.FITTED_BUDGET`` once its costs are fitted;
-    ``samples``, as :func:`sample_balanced_batches`').
+    ``samples``, as :func:`sample_balanced_batches`'; ``flops_of``: a sample's model FLOPs, which
+    the LLM microbatches carry for MFU, or None: no FLOPs, for a plan only timed).
 
     Raises:
         InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
@@ -303,29 +305,35 @@ def phase_seconds(semu: Semu, batches: BalancedBatches, memory: Memory = Memory.
     """Per DP rank, its compute seconds per phase in a per-phase balanced step, as the
     trainer's ``PhaseBalancedStep`` measures them for its cost fit: each encoder's forward and
     backward on all its units, the LLM microbatches' forwards and backwards."""
-    layers = semu.spec.layers()
-    placement = Placement.baseline(1, layers, 1)
+    cost = _phase_cost(semu, Placement.baseline(1, semu.spec.layers(), 1), memory)
     out = []
     for d, mbs in enumerate(batches.microbatches):
         work = batches.encoder_work[d]
         seconds = {}
-        for e in layers:
+        for e in semu.spec.layers():
             if e != "llm":
-                seconds[e] = sum(_cost(semu, placement, e, k, 0, work, memory).time_s
+                seconds[e] = sum(cost(e, k, 0, work).time_s
                                  for k in (Kind.F, Kind.B)) if work.num_subs(e) else 0.0  # fmt: skip
         seconds["llm"] = sum(
-            _cost(semu, placement, "llm", k, i, mb, memory).time_s
-            for i, mb in enumerate(mbs)
-            for k in (Kind.F, Kind.B)
+            cost("llm", k, i, mb).time_s for i, mb in enumerate(mbs) for k in (Kind.F, Kind.B)
         )
         out.append(seconds)
     return out
 
 
-def _cost(semu: Semu, placement: Placement, module: str, kind: Kind, index: int,
-          mb: MicrobatchMeta, memory: Memory):  # fmt: skip
-    """SEMU's cost of one compute of the per-phase step (one chunk per module at PP = 1)."""
-    return semu.compute_cost(placement, Compute(module, 0, kind, index, 0, memory), mb)
+def _phase_cost(semu: Semu, placement: Placement, memory: Memory) -> Callable[..., ComputeCost]:
+    """``(module, kind, microbatch index, microbatch) ->`` SEMU's cost of that compute of the
+    per-phase step (``placement``: one chunk per module at PP = 1). Each distinct compute is
+    made once: every rank of a step asks for the same few (a replayed 84B step makes 10^5)."""
+    computes: dict[tuple, Compute] = {}
+
+    def cost(module: str, kind: Kind, index: int, mb: MicrobatchMeta) -> ComputeCost:
+        a = computes.get((module, kind, index))
+        if a is None:
+            a = computes[(module, kind, index)] = Compute(module, 0, kind, index, 0, memory)
+        return semu.compute_cost(placement, a, mb)
+
+    return cost
 
 
 @collector_paused()
@@ -358,9 +366,7 @@ def simulate_phase_balanced(
     step_s = semu.cost.host.get("step_s", 0.0) * semu.cost.slowdown
     host = [h + step_s for h in host]
 
-    def cost(module: str, kind: Kind, index: int, mb: MicrobatchMeta):
-        return _cost(semu, placement, module, kind, index, mb, memory)
-
+    cost = _phase_cost(semu, placement, memory)
     # Per rank, five runs of computes (module, kind, microbatch index, cost) in execution
     # order: encoders forward, the three groups of LLM microbatches, encoders backward.
     runs: list[list[list[tuple]]] = []

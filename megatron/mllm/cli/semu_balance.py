@@ -201,7 +201,9 @@ def phase_balanced_step(
 
     def plan_of(it: int, costs: CostModel, check, fitted: bool) -> BalancedBatches:
         md, drawn = gathered_metadata(sample_of, it, dp, spec.training.micro_batch_size, m)
-        flops_of = lambda s: sum(shape.sample_phase_flops(s).values())  # noqa: E731
+        flops_of = None
+        if it == iteration:  # a replayed plan is timed for the fits only: it needs no FLOPs
+            flops_of = lambda s: sum(shape.sample_phase_flops(s).values())  # noqa: E731
         budget = FITTED_BUDGET if fitted else DEFAULT_BUDGET
         try:
             return phase_balanced_batches(semu, md, costs, dataclasses.replace(setup, exchange=check),
