@@ -4,13 +4,14 @@
 Sample ``k`` of a stream with seed ``s`` draws from ``numpy.random.default_rng`` seeded with the
 two 32-bit words ``[s, k]``: a ``SeedSequence`` hashes them into a 4-word pool and expands the
 pool into the 128-bit state and increment of a ``PCG64``. numpy does this in Python-level loops,
-about 14 us per generator on our hosts, more than half of drawing a sample; a simulated 84B step
+about 14 us per generator on our hosts, half of drawing a sample; a simulated 84B step
 at DP 320 draws 10^5 samples to replay its cost fits. :class:`SeedBlocks` computes the same
 states for 1,024 consecutive indices at once with numpy array arithmetic and sets one reusable
 generator to each (about 4 us), so a stream's numbers are bit-identical to ``default_rng``'s.
 
 The hashing is the ``SeedSequence`` of numpy's documentation (after M. O'Neill's
-``seed_seq_fe``), the state setup PCG64's ``pcg_setseq_128_srandom_r``; see docs/sources.md.
+``seed_seq_fe``), the state setup PCG64's ``pcg_setseq_128_srandom_r``; see
+docs/architecture.md (facts and their sources).
 """
 
 from __future__ import annotations
