@@ -49,6 +49,7 @@ STRONG = "megatron-packed-strong"
 
 FIT_RECOMPUTE = {
     STRONG,
+    "orchweave-pp4-dynamic-recompute",
     "orchweave-pp1-per-phase-mb32-recompute",
     "orchweave-pp1-per-phase-fsdp-mb32-recompute",
     "orchweave-pp1-per-phase-hsdp-mb32-recompute",
@@ -83,10 +84,8 @@ CASES = {
     "megatron-packed": ["--pad", "packed", "--overlap-grad-reduce"],
     STRONG: ["--pad", "packed", "--placement", "balanced", "--overlap-grad-reduce"],
     "orchweave-pp4-dynamic": ["--post-balance", "auto", "--schedule", "dynamic", "--pad", "none"],
-    "orchweave-pp4-dynamic-recompute": [
-        "--post-balance", "auto", "--schedule", "dynamic", "--pad", "none", "--memory",
-        "recompute",
-    ],  # fmt: skip
+    "orchweave-pp4-dynamic-recompute": ["--post-balance", "auto", "--schedule", "dynamic", "--pad",
+                                        "none"],  # fmt: skip
     "orchweave-pp1-per-phase": ["--set", "pipeline-model-parallel-size=1", "--post-balance",
                                 "auto"],  # fmt: skip
     "orchweave-pp1-per-phase-fsdp": [*PP1, "--data-parallel-sharding-strategy",
