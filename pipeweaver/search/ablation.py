@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pipeweaver.checker import check
 from pipeweaver.ir import Kind, Memory, ScheduleError
@@ -164,9 +164,9 @@ class _Steps:
         )  # fmt: skip
 
     def megatron_order(self, name: str, **build) -> tuple[AblationStep, list[MicrobatchMeta]]:
-        """A Megatron schedule with the least recompute that fits (:data:`BLOCK_RECOMPUTE`):
-        none, else Megatron's block recompute of each chunk's first n layers for growing n,
-        else every chunk recomputed whole."""
+        """A Megatron schedule with the least recompute that fits: none, else Megatron's block
+        recompute of each chunk's first n layers with the least n below the deepest chunk's
+        layer count that fits (:func:`least_fitting`), else every chunk recomputed whole."""
         scheds, mbs, _ = build_step(
             self.spec, self.cluster, memory=Memory.NONE, replicas=1, **build
         )
@@ -176,19 +176,24 @@ class _Steps:
             return kept, mbs[0]
         deepest = max(c.num_layers for m in scheds[0].placement.modules
                       for c in scheds[0].placement.chunks[m])  # fmt: skip
-        for n in (n for n in BLOCK_RECOMPUTE if n < deepest):
+        tried: dict[int, tuple[AblationStep, list[MicrobatchMeta]]] = {}
+
+        def fits(n: int) -> bool:
             spec = _with_block_recompute(self.spec, n)
             scheds_n, mbs_n, _ = build_step(
                 spec, self.cluster, memory=Memory.NONE, replicas=1, **build
             )
-            tried = self.step(
+            tried[n] = self.step(
                 name, scheds_n[0], mbs_n[0], f"block recompute of {n} layers per chunk",
                 final=False, semu=Semu(spec, self.cluster, self.semu.cost.calibration),
                 block_recompute_layers=n, peak_without_recompute_bytes=kept.peak_memory_bytes,
-            )  # fmt: skip
-            if tried.fits:
-                self.since = time.perf_counter()
-                return tried, mbs_n[0]
+            ), mbs_n[0]  # fmt: skip
+            return tried[n][0].fits
+
+        least = least_fitting(fits, deepest - 1)
+        if least is not None:
+            self.since = time.perf_counter()
+            return tried[least]
         scheds, mbs, _ = build_step(
             self.spec, self.cluster, memory=Memory.RECOMPUTE, replicas=1, **build
         )
@@ -199,9 +204,22 @@ class _Steps:
         return out, mbs[0]
 
 
-BLOCK_RECOMPUTE: tuple[int, ...] = (1, 2, 4, 8, 16)
-"""Megatron's ``--recompute-num-layers`` (block method) tried in turn by steps 1 and 2 before
-recomputing every chunk: a user recomputes as little as fits."""
+def least_fitting(fits: Callable[[int], bool], most: int) -> int | None:
+    """The least ``n`` in ``1 .. most`` with ``fits(n)``, for ``fits`` false below some ``n``
+    and true from it on (memory falls as Megatron's block recompute takes more of each chunk's
+    layers); None when ``most`` is below 1 or does not fit. A bisection: asks ``fits`` at most
+    ``log2(most) + 1`` times. How steps 1 and 2, and the benchmarks' baselines, recompute as
+    little as fits, as a user who must fit the memory does."""
+    if most < 1 or not fits(most):
+        return None
+    lo, hi = 0, most  # fits(lo) false (0: no recompute, the caller's own run), fits(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _with_block_recompute(spec: ModelSpec, n: int) -> ModelSpec:

@@ -5,6 +5,7 @@ the memory each step claims to fit is checked against the static checker and SEM
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 
@@ -13,11 +14,11 @@ from megatron.mllm.config_files import flag_argv, run_from_flags, set_flags
 from pipeweaver.checker import check
 from pipeweaver.ir import Kind, Memory
 from pipeweaver.search.ablation import (
-    BLOCK_RECOMPUTE,
     DIP_TABLE5_S,
     _with_block_recompute,
     ablation_steps,
     format_table,
+    least_fitting,
 )
 from pipeweaver.search.memory_limit import GIB, memory_limit_bytes
 from pipeweaver.search.partition import EncoderLoad, FlopCosts, WorkloadShape, plan_partition
@@ -122,10 +123,11 @@ def test_a_tight_limit_forces_recompute_and_the_plan_fits_it():
     )
     recompute_peak = max(semu.simulate_step(scheds, mbs).peak_memory_bytes)
     assert recompute_peak < none_peak
-    # Megatron's block recompute of n layers per chunk, every n the ladder tries, by brute force.
+    # Megatron's block recompute of n layers per chunk, every n below the deepest chunk's layer
+    # count, by brute force.
     deepest = max(c.num_layers for cps in scheds[0].placement.chunks.values() for c in cps)
     block_peaks = {}
-    for n in (n for n in BLOCK_RECOMPUTE if n < deepest):
+    for n in range(1, deepest):
         spec_n = _with_block_recompute(spec, n)
         sch, mb, _ = build_step(spec_n, cluster, placement="balanced", replicas=1)
         block_peaks[n] = max(Semu(spec_n, cluster).simulate_step(sch, mb).peak_memory_bytes)
@@ -146,3 +148,17 @@ def test_a_tight_limit_forces_recompute_and_the_plan_fits_it():
         check(s.schedule, memory_cap=limits, activation_bytes=kept)
     # Phase 3 counts transient bytes too: SEMU's peak of its plan is within the device.
     assert steps[-1].fits
+
+
+@pytest.mark.parametrize("most", [0, 1, 2, 7, 45, 80, 128])
+def test_least_fitting_is_the_brute_force_least(most):
+    for threshold in range(1, most + 2):  # most + 1: nothing fits
+        asked = []
+
+        def fits(n):
+            asked.append(n)
+            return n >= threshold
+
+        want = next((n for n in range(1, most + 1) if n >= threshold), None)
+        assert least_fitting(fits, most) == want
+        assert len(asked) <= (math.ceil(math.log2(most)) + 1 if most > 1 else 1)

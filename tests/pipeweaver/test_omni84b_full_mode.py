@@ -6,7 +6,6 @@ layers are recomputed (the 84B runs themselves take minutes: not here)."""
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from pathlib import Path
 
@@ -24,21 +23,6 @@ def bench():
     sys.modules.setdefault("omni84b_full_mode", module)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.mark.parametrize("deepest", [1, 2, 7, 45, 80])
-def test_least_fitting_is_the_brute_force_least(bench, deepest):
-    for threshold in range(1, deepest + 2):  # deepest + 1: nothing fits
-        asked = []
-
-        def fits(n):
-            asked.append(n)
-            return n >= threshold
-
-        want = next((n for n in range(1, deepest + 1) if fits(n)), None)
-        asked.clear()
-        assert bench.least_fitting(fits, deepest) == want
-        assert len(asked) <= math.ceil(math.log2(deepest)) + 1
 
 
 def fake_simulate(needed: int | None):

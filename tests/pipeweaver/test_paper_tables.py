@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -97,8 +98,9 @@ def test_one_cheap_row_simulated(pt):
 
 
 def test_megatron_fit_takes_the_least_recompute_that_fits(pt, monkeypatch):
-    """The ladder: as is, then block recompute of 1, 2, 4, ... layers, then every chunk; the
-    first that fits wins, and a step that fits nothing keeps the last resort."""
+    """As is, then Megatron's block recompute of the least N layers that fits (brute force's
+    first N, found by bisection), then every chunk; a step that fits nothing keeps the last
+    resort."""
     calls = []
 
     def fake(fits_from):
@@ -106,19 +108,20 @@ def test_megatron_fit_takes_the_least_recompute_that_fits(pt, monkeypatch):
             calls.append(argv)
             n = next((int(a.split("=")[1]) for a in argv if a.startswith("recompute-num")), 0)
             if "--memory" in argv:
-                n = 99
+                n = 999
             return {"over_memory_ranks": [] if n >= fits_from else [0], "n": n}
 
         return semu_json
 
-    monkeypatch.setattr(pt, "semu_json", fake(4))
-    got, used = pt.megatron_fit(["--model", "m"])
-    assert got["n"] == 4 and [c[-1] for c in calls[1:]] == [
-        "recompute-num-layers=1",
-        "recompute-num-layers=2",
-        "recompute-num-layers=4",
-    ]
-    assert pt.recompute_used(used) == "block recompute of each chunk's first 4 layers"
+    for fits_from in (1, 4, 5, 77, pt.MOST_BLOCK_LAYERS):
+        calls.clear()
+        monkeypatch.setattr(pt, "semu_json", fake(fits_from))
+        got, used = pt.megatron_fit(["--model", "m"])
+        assert got["n"] == fits_from and used[-1] == f"recompute-num-layers={fits_from}"
+        assert pt.recompute_used(used) == (
+            f"block recompute of each chunk's first {fits_from} layers"
+        )
+        assert len(calls) <= 2 + math.ceil(math.log2(pt.MOST_BLOCK_LAYERS))
     calls.clear()
     monkeypatch.setattr(pt, "semu_json", fake(0))
     got, used = pt.megatron_fit(["--model", "m"])
@@ -126,10 +129,10 @@ def test_megatron_fit_takes_the_least_recompute_that_fits(pt, monkeypatch):
         len(calls) == 1 and used == ["--model", "m"] and pt.recompute_used(used) == "no recompute"
     )
     calls.clear()
-    monkeypatch.setattr(pt, "semu_json", fake(1000))  # fits nothing
+    monkeypatch.setattr(pt, "semu_json", fake(pt.MOST_BLOCK_LAYERS + 1))  # no block fits
     got, used = pt.megatron_fit(["--model", "m"])
-    assert used[-2:] == ["--memory", "recompute"] and got["over_memory_ranks"]
-    assert len(calls) == 2 + len(pt.BLOCK_RECOMPUTE)
+    assert used[-2:] == ["--memory", "recompute"] and not got["over_memory_ranks"]
+    assert len(calls) == 3  # as is, the most layers, every chunk
 
 
 def test_table1_configs_hold_the_tables_flops(pt):

@@ -9,8 +9,8 @@ Each case is one ``tools/semu.py`` command line on ``scripts/configs/omni-84b.js
 ``h100-2560.json`` (their assumptions are listed in the config). A case marked to fit
 (:data:`FIT_RECOMPUTE`) recomputes as little as fits 80 GB, as a user who must fit the memory
 runs it: no recompute if that fits, else Megatron's block recompute of each chunk's first N
-layers with the least N that fits (:func:`least_fitting`, a bisection: memory falls as N
-grows), else every layer recomputed. Prints per case the step, MFU, the largest peak memory per
+layers with the least N that fits (``pipeweaver.search.ablation.least_fitting``, a
+bisection: memory falls as N grows), else every layer recomputed. Prints per case the step, MFU, the largest peak memory per
 GPU and whether it fits, the recompute used, the speed-up over the strong Megatron baseline
 (packed, parameter-balanced, overlapped reduction, the least recompute that fits), how long
 SEMU took for the case (``semu s``: every ``tools/semu.py`` run of the case in this process,
@@ -33,10 +33,10 @@ import io
 import json
 import sys
 import time
-from typing import Callable
 
 from megatron.mllm.cli import semu as semu_cli
 from pipeweaver.dataflow import clear_flow_caches
+from pipeweaver.search.ablation import least_fitting
 
 PAPER_MFU = 0.416
 """OrchMLLM's MFU on the 84B model on 2,560 H100 (abstract)."""
@@ -119,22 +119,6 @@ def simulate(flags: list[str], iteration: int) -> dict:
     if status != 0:
         raise RuntimeError(err.getvalue().strip())
     return json.loads(out.getvalue())
-
-
-def least_fitting(fits: Callable[[int], bool], deepest: int) -> int | None:
-    """The least ``n`` in ``1 .. deepest`` with ``fits(n)``, for ``fits`` false below some ``n``
-    and true from it on (memory falls as more layers are recomputed); None when even
-    ``deepest`` does not fit. Asks ``fits`` about ``log2(deepest) + 1`` times."""
-    if not fits(deepest):
-        return None
-    lo, hi = 0, deepest  # fits(lo) is false (0: the caller's run), fits(hi) is true
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def run_case(name: str, iteration: int) -> tuple[dict, list[str]]:
