@@ -6,7 +6,8 @@ The steps (:mod:`pipeweaver.search.ablation` says exactly what each runs):
 
 1. Megatron as DIP ran it: interleaved 1F1B (the config's 2 virtual stages) on the
    parameter-balanced layout (``tools/semu.py --placement balanced``), padded microbatches,
-   every chunk recomputed when the peak without recompute exceeds 80 GB (both peaks printed);
+   the least recompute that fits 80 GB when the peak without recompute exceeds it (Megatron's
+   block recompute of each chunk's least N layers, else every chunk; both peaks printed);
 2. + the modality-aware partitioner (the trainer's ``--vision-chunks-per-stage auto
    --llm-chunks-per-stage auto --encoder-sub-microbatch-size auto``, from the model's FLOPs),
    still in Megatron's interleaved order over the partitioned stages: DIP reports the
