@@ -70,18 +70,17 @@ T4_FSDP_ARGV = [
     "--model", "vlm-s", "--cluster", "h20-16", "--set", "tensor-model-parallel-size=1",
     "--set", "pipeline-model-parallel-size=1", "--set", "num-virtual-stages-per-pipeline-rank=1",
     "--data-parallel-sharding-strategy", "optim_grads_params",
-    "--set", "recompute-granularity=full", "--set", "recompute-method=uniform",
-    "--set", "recompute-num-layers=1",
 ]  # fmt: skip
 """DIP's FSDP baseline as SEMU runs it (DIP names no layout): Megatron-FSDP
 ``optim_grads_params`` over all 16 H20 (TP 1, PP 1, DP 16: FSDP in place of model
-parallelism), per-layer full recompute (without it the ViT's activations need hundreds of GiB)."""
+parallelism), with the least recompute that fits (:func:`megatron_fit`; without any the ViT's
+activations need hundreds of GiB)."""
 
 T4_FSDP_NOTE = (
     "assumed: Megatron-FSDP optim_grads_params (ZeRO-3) over all 16 GPUs, TP 1 PP 1 DP 16, "
     "every layer's weights gathered before its forward and backward and its gradients "
-    "reduce-scattered in every microbatch (pipeweaver/semu/fsdp_comm.py), per-layer full "
-    "recompute; vlm-s.json's global batch of 32 sequences (2 microbatches per rank)"
+    "reduce-scattered in every microbatch (pipeweaver/semu/fsdp_comm.py); vlm-s.json's global "
+    "batch of 32 sequences (2 microbatches per rank)"
 )
 
 T4_LAION_SHARES = (0.0, 0.05, 0.10)
@@ -96,7 +95,7 @@ def t4_mix_note(iteration: int) -> str:
         for share in T4_LAION_SHARES:
             path = with_component_share(spec, "LAION", share, tmp)
             mix = ["--workload", path, "--iteration", str(iteration)]
-            fsdp = semu_json([*T4_FSDP_ARGV, *mix])["step_time_s"]
+            fsdp = megatron_fit([*T4_FSDP_ARGV, *mix])[0]["step_time_s"]
             meg = megatron_fit([*_vlm_s_megatron("h20-16"), *mix])[0]["step_time_s"]
             parts.append(f"{share:.0%}: FSDP {fsdp:.1f} s, Megatron {meg:.1f} s, {fsdp / meg:.2f}x")
     return "LAION share of the data (DIP states none; the config's 5%): " + "; ".join(parts)
@@ -346,11 +345,14 @@ def rows_dip_t4(args: argparse.Namespace) -> list[Row]:
     meg, dip = steps["megatron"], steps["memory"]
     gbs = "global batch 32 sequences (vlm-s.json's assumption: DIP gives none)"
     ablation = _ablation_command("h20-16", args.rollouts)
-    fsdp = semu_json([*T4_FSDP_ARGV, "--iteration", str(args.iteration)])
-    fsdp_cmd = _command("tools/semu.py", T4_FSDP_ARGV)
+    fsdp, fsdp_argv = megatron_fit([*T4_FSDP_ARGV, "--iteration", str(args.iteration)])
+    fsdp_cmd = _command("tools/semu.py", fsdp_argv)
     fsdp_peak = max(fsdp["peak_memory_bytes"]) / 2**30
     fsdp_fits = "yes" if not fsdp["over_memory_ranks"] else "NO"
-    fsdp_note = f"{T4_FSDP_NOTE}; peak {fsdp_peak:.1f} GiB, fits: {fsdp_fits}"
+    fsdp_note = (
+        f"{T4_FSDP_NOTE}; {recompute_used(fsdp_argv)}; peak {fsdp_peak:.1f} GiB, "
+        f"fits: {fsdp_fits}"
+    )
     fsdp_span = baseline_span(T4_FSDP_ARGV, args.iteration)
     meg_span = baseline_span(_vlm_s_megatron("h20-16"), args.iteration)
     return [
