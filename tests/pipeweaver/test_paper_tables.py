@@ -34,44 +34,50 @@ def pt():
     return module
 
 
-def test_error_arithmetic(pt):
-    assert pt.error_pct(40.0, 44.0) == pytest.approx(10.0)
-    assert pt.error_pct(0.416, 0.208) == pytest.approx(-50.0)
-    assert pt.error_pct(None, 1.0) is None and pt.error_pct(1.0, None) is None
+@pytest.fixture(scope="module")
+def pr(pt):
+    """The rows' module (``paper_rows``, which ``paper_tables`` imports as a sibling)."""
+    return sys.modules["paper_rows"]
+
+
+def test_error_arithmetic(pr):
+    assert pr.error_pct(40.0, 44.0) == pytest.approx(10.0)
+    assert pr.error_pct(0.416, 0.208) == pytest.approx(-50.0)
+    assert pr.error_pct(None, 1.0) is None and pr.error_pct(1.0, None) is None
     rows = [
-        pt.Row("a", "s", "s", 10.0, 12.0, baseline=True),
-        pt.Row("b", "s", "s", 10.0, 7.0, baseline=True),
-        pt.Row("c", "s", "x", 1.0, 9.0),  # not a baseline row: not counted
-        pt.Row("d", "s", "s", 10.0, note="no config yet", baseline=True),  # unmatched
+        pr.Row("a", "s", "s", 10.0, 12.0, baseline=True),
+        pr.Row("b", "s", "s", 10.0, 7.0, baseline=True),
+        pr.Row("c", "s", "x", 1.0, 9.0),  # not a baseline row: not counted
+        pr.Row("d", "s", "s", 10.0, note="no config yet", baseline=True),  # unmatched
     ]
-    assert pt.worst_baseline_error(rows) == pytest.approx(30.0)
-    assert pt.worst_baseline_error(rows[2:]) is None
+    assert pr.worst_baseline_error(rows) == pytest.approx(30.0)
+    assert pr.worst_baseline_error(rows[2:]) is None
 
 
-def test_ranges_and_bounds_are_counted_by_their_distance(pt):
+def test_ranges_and_bounds_are_counted_by_their_distance(pr):
     """A row whose input the paper leaves out counts 0 with the paper's figure inside SEMU's
     range and the nearer end's error outside it; a bound counts only the wrong side."""
-    inside = pt.Row("a", "s", "s", 10.0, 13.0, baseline=True, span=(5.0, 20.0))
-    below = pt.Row("b", "s", "s", 10.0, 13.0, baseline=True, span=(12.0, 30.0))
-    above = pt.Row("c", "s", "s", 10.0, 6.0, baseline=True, span=(8.0, 4.0))
+    inside = pr.Row("a", "s", "s", 10.0, 13.0, baseline=True, span=(5.0, 20.0))
+    below = pr.Row("b", "s", "s", 10.0, 13.0, baseline=True, span=(12.0, 30.0))
+    above = pr.Row("c", "s", "s", 10.0, 6.0, baseline=True, span=(8.0, 4.0))
     assert inside.error_pct == pytest.approx(30.0) and inside.counted_error_pct == 0.0
     assert below.counted_error_pct == pytest.approx(20.0)
     assert above.counted_error_pct == pytest.approx(-20.0)  # the ends in either order
-    over = pt.Row("d", "s", "mfu", 0.134, 0.181, baseline=True, bound=">=")
-    under = pt.Row("e", "s", "mfu", 0.134, 0.067, baseline=True, bound=">=")
+    over = pr.Row("d", "s", "mfu", 0.134, 0.181, baseline=True, bound=">=")
+    under = pr.Row("e", "s", "mfu", 0.134, 0.067, baseline=True, bound=">=")
     assert over.counted_error_pct == 0.0 and under.counted_error_pct == pytest.approx(-50.0)
-    assert pt.Row("f", "s", "x", 2.0, 3.0, bound="<=").counted_error_pct == pytest.approx(50.0)
-    assert pt.worst_baseline_error([inside, below, above, over, under]) == pytest.approx(50.0)
-    assert pt.worst_baseline_error([inside, over]) == 0.0
-    lines = pt.format_rows([below, over])
+    assert pr.Row("f", "s", "x", 2.0, 3.0, bound="<=").counted_error_pct == pytest.approx(50.0)
+    assert pr.worst_baseline_error([inside, below, above, over, under]) == pytest.approx(50.0)
+    assert pr.worst_baseline_error([inside, over]) == 0.0
+    lines = pr.format_rows([below, over])
     assert lines[3].startswith("    range: SEMU 12.000 s to 30.000 s") and "outside" in lines[3]
     assert ">=13.4%" in lines[4] and "+35.1%" in lines[4] and "+0.0%" in lines[4]
 
 
-def test_unmatched_rows_are_printed_with_a_reason(pt, capsys):
+def test_unmatched_rows_are_printed_with_a_reason(pt, pr, capsys):
     rows = pt.rows_no_config(argparse.Namespace(iteration=0))
     assert rows and all(r.semu is None and r.note for r in rows)
-    lines = pt.format_rows(rows)
+    lines = pr.format_rows(rows)
     assert len(lines) == 1 + 3 * len(rows)  # header; per row: figures, config, note
     assert all(line.startswith("    note: ") for line in lines[3::3])
     assert pt.main(["--rows", "no-config"]) == 0
@@ -86,14 +92,14 @@ def test_groups_and_paper_figures(pt):
     assert pt.ORCH_MFU / pt.ORCH_SPEEDUP == pytest.approx(0.134, abs=5e-4)
 
 
-def test_one_cheap_row_simulated(pt):
+def test_one_cheap_row_simulated(pt, pr):
     got, used = pt.megatron_fit(["--model", "cpu-main", "--cluster", "cpu-2ranks"])
     assert got["step_time_s"] > 0 and used[-2:] != ["--memory", "recompute"]  # a CPU: no limit
-    row = pt.Row("cpu-main", "test", "s", 2 * got["step_time_s"], got["step_time_s"],
+    row = pr.Row("cpu-main", "test", "s", 2 * got["step_time_s"], got["step_time_s"],
                  baseline=True)  # fmt: skip
     assert row.error_pct == pytest.approx(-50.0)
-    assert pt.worst_baseline_error([row]) == pytest.approx(50.0)
-    line = pt.format_rows([row])[1]
+    assert pr.worst_baseline_error([row]) == pytest.approx(50.0)
+    line = pr.format_rows([row])[1]
     assert "-50.0%" in line and line.rstrip().endswith("yes")
 
 
