@@ -9,8 +9,8 @@ Each case is one ``tools/semu.py`` command line on ``scripts/configs/omni-84b.js
 ``h100-2560.json`` (their assumptions are listed in the config). A case marked to fit
 (:data:`FIT_RECOMPUTE`) recomputes as little as fits 80 GB, as a user who must fit the memory
 runs it: no recompute if that fits, else Megatron's block recompute of each chunk's first N
-layers with the least N that fits (``pipeweaver.search.ablation.least_fitting``, a
-bisection: memory falls as N grows), else every layer recomputed. Prints per case the step, MFU, the largest peak memory per
+layers with the least N that fits (``least_recompute.py``, a bisection: memory falls as N
+grows), else every layer recomputed. Prints per case the step, MFU, the largest peak memory per
 GPU and whether it fits, the recompute used, the speed-up over the strong Megatron baseline
 (packed, parameter-balanced, overlapped reduction, the least recompute that fits), how long
 SEMU took for the case (``semu s``: every ``tools/semu.py`` run of the case in this process,
@@ -34,9 +34,10 @@ import json
 import sys
 import time
 
+from least_recompute import fit_recompute
+
 from megatron.mllm.cli import semu as semu_cli
 from pipeweaver.dataflow import clear_flow_caches
-from pipeweaver.search.ablation import least_fitting
 
 PAPER_MFU = 0.416
 """OrchMLLM's MFU on the 84B model on 2,560 H100 (abstract)."""
@@ -70,13 +71,6 @@ LAYER_RC = ["--set", "recompute-granularity=full", "--set", "recompute-method=un
             "recompute-num-layers=1"]  # fmt: skip
 """Megatron's per-layer full recompute (each layer's input kept, its forward rerun): what a case
 that fits with no block recompute falls back to."""
-
-
-def block_recompute(n: int) -> list[str]:
-    """Megatron's block recompute of each chunk's first ``n`` layers (the rest keep their
-    activations)."""
-    return ["--set", "recompute-granularity=full", "--set", "recompute-method=block", "--set",
-            f"recompute-num-layers={n}"]  # fmt: skip
 
 
 CASES = {
@@ -123,23 +117,16 @@ def simulate(flags: list[str], iteration: int) -> dict:
 
 def run_case(name: str, iteration: int) -> tuple[dict, list[str]]:
     """One case's ``tools/semu.py --json`` object and the flags that gave it: for a case in
-    :data:`FIT_RECOMPUTE`, the least recompute that fits (the module's docstring)."""
-    flags = CASES[name]
-    got = simulate(flags, iteration)
-    if name not in FIT_RECOMPUTE or not got["over_memory_ranks"]:
-        return got, flags
-    runs: dict[int, dict] = {}
+    :data:`FIT_RECOMPUTE`, the least recompute that fits (the module's docstring), every run
+    from cold caches."""
+    if name not in FIT_RECOMPUTE:
+        return simulate(CASES[name], iteration), CASES[name]
 
-    def fits(n: int) -> bool:
-        clear_flow_caches()  # each run from cold caches, as the case's first
-        runs[n] = simulate([*flags, *block_recompute(n)], iteration)
-        return not runs[n]["over_memory_ranks"]
+    def cold(flags: list[str]) -> dict:
+        clear_flow_caches()
+        return simulate(flags, iteration)
 
-    n = least_fitting(fits, DEEPEST_BLOCK)
-    if n is not None:
-        return runs[n], [*flags, *block_recompute(n)]
-    clear_flow_caches()
-    return simulate([*flags, *LAYER_RC], iteration), [*flags, *LAYER_RC]
+    return fit_recompute(cold, CASES[name], DEEPEST_BLOCK, LAYER_RC)
 
 
 def recompute_of(flags: list[str]) -> str:

@@ -44,12 +44,12 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
+from least_recompute import fit_recompute
 from paper_rows import GLOBAL_BATCH_SPAN, Row, format_rows, worst_baseline_error
 from workload_mix import with_component_share
 
 from megatron.mllm.cli import semu as semu_cli
 from megatron.mllm.config_files import CONFIG_DIR
-from pipeweaver.search.ablation import least_fitting
 
 PAPER_T4 = {"fsdp": 40.270, "megatron": 39.053, "dip": 28.606}
 """DIP's Table 4: seconds per iteration, VLM-S on 16 H20."""
@@ -124,26 +124,10 @@ def megatron_fit(argv: list[str]) -> tuple[dict, list[str]]:
     """Megatron's step as a user who must fit the device's memory runs it: ``ARGV`` as is;
     else the least recompute that fits, Megatron's ``--recompute-granularity full
     --recompute-method block --recompute-num-layers N`` with the least N that fits
-    (:func:`~pipeweaver.search.ablation.least_fitting`, as the ablation's steps; each chunk's
-    first N layers keep only their inputs); else every chunk recomputed whole (``--memory
-    recompute``), kept even when that does not fit either. Returns the JSON and the argv that
-    gave it."""
-    got = semu_json(argv)
-    if not got.get("over_memory_ranks"):
-        return got, argv
-    runs: dict[int, tuple[dict, list[str]]] = {}
-
-    def fits(n: int) -> bool:
-        tried = [*argv, "--set", "recompute-granularity=full", "--set", "recompute-method=block",
-                 "--set", f"recompute-num-layers={n}"]  # fmt: skip
-        runs[n] = semu_json(tried), tried
-        return not runs[n][0].get("over_memory_ranks")
-
-    least = least_fitting(fits, MOST_BLOCK_LAYERS)
-    if least is not None:
-        return runs[least]
-    argv = [*argv, "--memory", "recompute"]
-    return semu_json(argv), argv
+    (``least_recompute.fit_recompute``, as the ablation's steps; each chunk's first N layers
+    keep only their inputs); else every chunk recomputed whole (``--memory recompute``), kept
+    even when that does not fit either. Returns the JSON and the argv that gave it."""
+    return fit_recompute(lambda a: semu_json(a), argv, MOST_BLOCK_LAYERS, ["--memory", "recompute"])
 
 
 def recompute_used(argv: list[str]) -> str:
