@@ -5,28 +5,13 @@ layers are recomputed (the 84B runs themselves take minutes: not here)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # As when run as a script: its sibling (least_recompute) imports by name.
-    directory = str(REPO / "tools" / "bench")
-    if directory not in sys.path:
-        sys.path.append(directory)
-    spec = importlib.util.spec_from_file_location(
-        "omni84b_full_mode", REPO / "tools" / "bench" / "omni84b_full_mode.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("omni84b_full_mode", module)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("omni84b_full_mode")
 
 
 def fake_simulate(needed: int | None):
@@ -61,7 +46,7 @@ def test_a_fitted_case_takes_the_least_recompute_that_fits(bench, monkeypatch, n
     else:
         assert flags == [
             *bench.CASES[bench.STRONG],
-            *sys.modules["least_recompute"].block_recompute(needed),
+            *bench_module("least_recompute").block_recompute(needed),
         ]
         assert bench.recompute_of(flags) == f"block {needed}"
     # A case not marked to fit runs as it is, once, even over the memory.

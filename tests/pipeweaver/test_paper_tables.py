@@ -8,36 +8,22 @@ share."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def pt():
-    # As when run as a script: its siblings (dip_ablation, omni84b_full_mode) import by name.
-    bench = str(REPO / "tools" / "bench")
-    if bench not in sys.path:
-        sys.path.append(bench)
-    spec = importlib.util.spec_from_file_location(
-        "paper_tables", REPO / "tools" / "bench" / "paper_tables.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["paper_tables"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("paper_tables")
 
 
 @pytest.fixture(scope="module")
 def pr(pt):
     """The rows' module (``paper_rows``, which ``paper_tables`` imports as a sibling)."""
-    return sys.modules["paper_rows"]
+    return bench_module("paper_rows")
 
 
 def test_error_arithmetic(pr):
