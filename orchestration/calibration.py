@@ -41,7 +41,10 @@ them stay valid):
   the pipeline runtime pays on a rank's host around its actions (absent = 0):
   ``send_post_s`` (posting one ``isend``), ``send_wait_s`` (waiting one completed send at the
   step's end), ``recv_post_s`` (allocating a buffer and posting one ``irecv``), ``recv_wait_s``
-  (a receive action's wait once the tensor has arrived), ``runtime_forward_s`` /
+  (a receive action's wait once the tensor has arrived), each as a running step pays it (both
+  stages computing), ``transfer_compute_s`` (the compute a rank loses per transfer it sends or
+  receives, to the threads that move the data on the cores it computes on),
+  ``runtime_forward_s`` /
   ``runtime_backward_s`` (the runtime's bookkeeping per forward / backward action outside
   megatron-core's ``forward_step`` / ``backward_step``: gathering inputs, routing outputs and
   gradients), ``sub_split_s`` (cutting one encoder sub-microbatch out of a packed microbatch)
@@ -74,7 +77,7 @@ HOST_TIME_FIELDS = (
     "sample_s", "feature_s_per_element", "optimizer_step_s", "optimizer_s_per_tensor",
     "optimizer_s_per_param", "forward_step_s", "backward_step_s", "step_s", "microbatch_s",
     "stage_s", "token_s", "send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s",
-    "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
+    "transfer_compute_s", "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
     "sub_join_backward_s",
 )  # fmt: skip
 """The ``host`` entries in seconds (``shared_node_slowdown`` is a ratio)."""

@@ -26,6 +26,7 @@ from pipeweaver.semu.timing import ComputeCost
 # Distinct binary fractions: every coefficient of a hand-computed sum shows in the result.
 F, B = 1.0, 2.0
 SEND_POST, SEND_WAIT, RECV_POST, RECV_WAIT = 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-10
+TRANSFER = 2.0**-12
 
 
 def _host_calibration(**host: float) -> Calibration:
@@ -44,28 +45,35 @@ def _llm_spec(p: int):
     )
 
 
-def test_two_rank_makespan_with_host_terms_is_the_hand_computed_one():
+@pytest.mark.parametrize("transfer", [0.0, TRANSFER])
+def test_two_rank_makespan_with_host_terms_is_the_hand_computed_one(transfer):
     """P = 2, one microbatch, free links. Rank 0: F0, send, recv, B0; rank 1: recv, F1, B1,
     send. Rank 1 posts its receive first (RECV_POST), waits for F0's output (leaves rank 0 at
     F + RECV_POST + SEND_POST: rank 0 posts its receive right before its send), returns from
     the wait (RECV_WAIT), computes F + B, posts its send (SEND_POST) and waits it at the end
-    (SEND_WAIT). Rank 0 returns from its wait (RECV_WAIT), runs B0, waits its send."""
+    (SEND_WAIT). Rank 0 returns from its wait (RECV_WAIT), runs B0, waits its send. The compute
+    a transfer takes from a rank (``transfer_compute_s``) comes with each of its posts."""
     spec = _llm_spec(2)
 
     def const(_placement, a, _mb):
         return ComputeCost(F if a.kind is Kind.F else B, 0.0, 0.0)
 
     cal = _host_calibration(
-        send_post_s=SEND_POST, send_wait_s=SEND_WAIT, recv_post_s=RECV_POST, recv_wait_s=RECV_WAIT
+        send_post_s=SEND_POST,
+        send_wait_s=SEND_WAIT,
+        recv_post_s=RECV_POST,
+        recv_wait_s=RECV_WAIT,
+        **({"transfer_compute_s": transfer} if transfer else {}),
     )
     semu = Semu(spec, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
     sched = one_f_one_b(Placement.baseline(2, spec.layers()), MicrobatchStructure(1))
     assert sched.has_comms
     res = semu.simulate_pipeline(sched, _uniform_mbs(1))
-    grad_sent = 2 * F + B + RECV_POST + 2 * SEND_POST + RECV_WAIT
+    send_post, recv_post = SEND_POST + transfer, RECV_POST + transfer
+    grad_sent = 2 * F + B + recv_post + 2 * send_post + RECV_WAIT
     assert res.rank_end[1] == grad_sent + SEND_WAIT
     assert res.rank_end[0] == grad_sent + RECV_WAIT + B + SEND_WAIT
-    assert res.makespan == 2 * F + 2 * B + RECV_POST + 2 * SEND_POST + 2 * RECV_WAIT + SEND_WAIT
+    assert res.makespan == 2 * F + 2 * B + recv_post + 2 * send_post + 2 * RECV_WAIT + SEND_WAIT
     # Without host terms: the plain 1F1B makespan.
     plain = Semu(spec, _cluster(2, free_comm=True), compute_cost_fn=const)
     assert plain.simulate_pipeline(sched, _uniform_mbs(1)).makespan == 2 * F + 2 * B

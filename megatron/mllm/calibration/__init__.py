@@ -57,8 +57,10 @@ grid of the first three, for tests):
     ``2 (n-1) allreduce_latency_s + 2 (n-1)/n bytes / allreduce_bandwidth``; and how much
     slower a process computes while the other one computes too (``shared_node_slowdown``,
     shared caches and memory bandwidth), from alternating solo and paired phases; the host
-    time of the runtime's transfers (``send_post_s``, ``send_wait_s``, ``recv_post_s``,
-    ``recv_wait_s``: ``pipeweaver.runtime.p2p`` posting and waiting isend/irecv).
+    time of the runtime's transfers as a running step pays it, both processes computing between
+    them (``send_post_s``, ``send_wait_s``, ``recv_post_s``, ``recv_wait_s``:
+    ``pipeweaver.runtime.p2p`` posting and waiting isend/irecv; ``transfer_compute_s``: the
+    compute a process loses per transfer).
 
 Plus the device's matmul FLOP/s and copy bandwidth (``hardware``) and the compute efficiency of
 the layers' matrix multiplies relative to that peak (``efficiency``). Every process of the main

@@ -12,7 +12,8 @@ collectives it calls besides those it measures (barriers, gathering the figures)
   P2P transfer (``P2PCommunicator``, as the baseline schedule sends) per size, the gradient
   all-reduce per size (DDP's ``finish_grad_sync``), and how much slower a process computes
   while the other one computes too (``shared_node_slowdown``), and the host time of the
-  runtime's own transfers (posting and waiting ``isend`` / ``irecv``: ``send_post_s`` ...).
+  runtime's own transfers as a running step pays them (posting and waiting ``isend`` /
+  ``irecv`` while both processes compute: ``send_post_s`` ..., ``transfer_compute_s``).
 
 The worker runs as ``python -m megatron.mllm.calibration.parallel --out F --model M ...``.
 """
@@ -183,50 +184,78 @@ def _p2p(mllm, pg, reps: int) -> tuple[float, float, dict]:
 
 
 def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
-    """PP = 2: OrchWeave's runtime transfers (``pipeweaver.runtime.p2p.PipelineP2P``), the host
-    time of each step the executor takes: posting an ``isend`` (``send_post_s``), allocating a
-    buffer and posting an ``irecv`` (``recv_post_s``), waiting a receive that has arrived
-    (``recv_wait_s``) and a send that has completed (``send_wait_s``). Stage 0 sends a burst of
-    activation-sized tensors, stage 1 receives them; the waits start once the data is there."""
+    """PP = 2: the host time of OrchWeave's runtime transfers
+    (``pipeweaver.runtime.p2p.PipelineP2P``) as a running step pays it.
+
+    In a step both stages compute between their transfers, and on a host whose cores the
+    stages fill, gloo's threads (which move the data and answer the peer's posts) run on those
+    same cores: a post or a wait costs several times what it costs on an idle host, and the
+    compute around it slows down. So the stages here do what the executor does, both at once:
+    per iteration each one posts the receive of the other's tensor (``recv_post_s``, with the
+    buffer's allocation), computes, posts its send (``send_post_s``), computes again (the
+    other's tensor has been sent by then), waits the receive (``recv_wait_s``) and the send
+    (``send_wait_s``). Rounds with the transfers alternate with rounds of the compute alone;
+    ``transfer_compute_s`` is the compute a stage loses per transfer it takes part in (its
+    compute time with transfers minus without, over its two transfers per iteration).
+    Each figure is the median over the rounds, averaged over the two stages."""
     from pipeweaver.runtime.p2p import PipelineP2P
 
     p2p = PipelineP2P(pg.pp, timedelta(minutes=2))
+    peer = 1 - p2p.stage
     h, dtype = mllm.language.hidden_size, mllm.language.params_dtype
-    shape, burst = (128, 1, h), 16
-    times: dict[str, list[float]] = {
-        k: [] for k in ("send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s")
-    }
+    shape, iters = (128, 1, h), 48
+    # About 1.5 ms of a layer's matrix multiplies, forward and backward: the runtime's
+    # smallest computes on the main job's model.
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(
+        torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h)
+    ).to(dtype)
+    x = torch.randn(4 * shape[0], h, dtype=dtype, requires_grad=True)
+
+    def compute() -> float:
+        t = time.perf_counter()
+        layer(x).sum().backward()
+        return time.perf_counter() - t
+
+    names = ("send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s")
+    times: dict[str, list[float]] = {k: [] for k in (*names, "transfer_compute_s")}
+    for _ in range(4):
+        compute()
     for r in range(reps + 1):
-        distributed.barrier()
-        if p2p.stage == 0:
-            tensors = [torch.randn(shape, dtype=dtype) for _ in range(burst)]
-            t = time.perf_counter()
-            works = [p2p.isend(x, 1) for x in tensors]
-            post = time.perf_counter() - t
-            distributed.barrier()  # stage 1 has received everything
-            t = time.perf_counter()
-            for w in works:
-                p2p.wait(w, "calibration send", 1)
-            if r:
-                times["send_post_s"].append(post / burst)
-                times["send_wait_s"].append((time.perf_counter() - t) / burst)
-        else:
-            t = time.perf_counter()
-            bufs = [torch.empty(shape, dtype=dtype) for _ in range(burst)]
-            works = [p2p.irecv(b, 0) for b in bufs]
-            post = time.perf_counter() - t
-            # In order: the last one done means all have arrived (a work is waited once).
-            p2p.wait(works[-1], "calibration receive", 0)
-            t = time.perf_counter()
-            for w in works[:-1]:
-                p2p.wait(w, "calibration receive", 0)
-            if r:
-                times["recv_post_s"].append(post / burst)
-                times["recv_wait_s"].append((time.perf_counter() - t) / (burst - 1))
+        computed = {}
+        for transfers in (False, True):
             distributed.barrier()
-    mine = torch.tensor([statistics.median(v) if v else 0.0 for v in times.values()])
+            took = dict.fromkeys(names, 0.0)
+            busy = 0.0
+            for _ in range(iters):
+                if transfers:
+                    t = time.perf_counter()
+                    buf = torch.empty(shape, dtype=dtype)
+                    received = p2p.irecv(buf, peer)
+                    took["recv_post_s"] += time.perf_counter() - t
+                busy += compute()
+                if transfers:
+                    t = time.perf_counter()
+                    sent = p2p.isend(torch.ones(shape, dtype=dtype), peer)
+                    took["send_post_s"] += time.perf_counter() - t
+                busy += compute()
+                if transfers:
+                    t = time.perf_counter()
+                    p2p.wait(received, "calibration receive", peer)
+                    took["recv_wait_s"] += time.perf_counter() - t
+                    t = time.perf_counter()
+                    p2p.wait(sent, "calibration send", peer)
+                    took["send_wait_s"] += time.perf_counter() - t
+            computed[transfers] = busy
+            if r and transfers:
+                for k in names:
+                    times[k].append(took[k] / iters)
+        if r:
+            lost = (computed[True] - computed[False]) / (2 * iters)
+            times["transfer_compute_s"].append(max(0.0, lost))
+    mine = torch.tensor([statistics.median(v) for v in times.values()], dtype=torch.float64)
     gathered = distributed.all_gather(mine)
-    both = gathered[0] + gathered[1]  # each stage measured its own two, the other's are 0
+    both = (gathered[0] + gathered[1]) / 2
     return dict(zip(times, map(float, both)))
 
 
