@@ -298,15 +298,8 @@ class Semu:
                 v = table[k] = comm.p2p_parts(nbytes, intra)
             return v
 
-        # The runtime's host time per posted send / receive and per wait (zero uncalibrated).
-        # A transfer also takes compute from both ranks (the transport's threads run on the
-        # cores they compute on): charged with its posts.
-        host, slow = self.cost.host, self.cost.slowdown
-        transfer = host.get("transfer_compute_s", 0.0)
-        send_post = (host.get("send_post_s", 0.0) + transfer) * slow
-        send_wait = host.get("send_wait_s", 0.0) * slow
-        recv_post = (host.get("recv_post_s", 0.0) + transfer) * slow
-        recv_wait = host.get("recv_wait_s", 0.0) * slow
+        # The runtime's host time per posted and waited send and receive.
+        send_post, send_wait, recv_post, recv_wait = self.cost.transfer_host_s()
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}
