@@ -12,7 +12,12 @@ program of op tuples with integer ids from a :class:`~pipeweaver.transfers.Trans
   seconds posting it, then it leaves;
 * receive: ``(RECV, transfer, host seconds)``: the rank waits for the arrival, then spends the
   host seconds returning from the wait;
-* host: ``(HOST, seconds)``: the rank's host is busy (posting receives ahead, waiting its sends).
+* host: ``(HOST, seconds, name)``: the rank's host is busy (posting receives ahead, waiting its
+  sends); ``name`` is its timer's (``recv-post``), or None for a pipeline wait.
+
+With ``record``, the host seconds of posting (``recv-post``, ``send-post``) are events of
+category ``host``, as the runtime's timers count them; a wait's are not (its timers count them
+with the wait).
 
 A rank runs until it needs a tensor that has not been sent yet, then parks on that tensor;
 sending it wakes the rank up. A transfer occupies its directed link for its occupancy in FIFO
@@ -63,7 +68,7 @@ def replay(
         actions: per rank, the schedule's actions the ops were compiled from (for errors).
         graph: the ids the ops use.
         start: per rank, when it can start.
-        record: keep the compute intervals as events.
+        record: keep the compute and posting intervals as events.
 
     Raises:
         ScheduleError: the order deadlocks (no rank can progress).
@@ -138,6 +143,8 @@ def replay(
                 tr = end
                 last_end[r] = end
             elif code == SEND:
+                if record and op[5]:
+                    events.append(Event(r, tr, tr + op[5], "send-post", "host"))
                 tr += op[5]
                 send(op[1], op[2], op[3], op[4], tr)
             elif code == RECV:
@@ -149,6 +156,8 @@ def replay(
                     tr = at
                 tr += op[2]
             else:
+                if record and op[2] is not None:
+                    events.append(Event(r, tr, tr + op[1], op[2], "host"))
                 tr += op[1]
             i += 1
         pos[r] = i

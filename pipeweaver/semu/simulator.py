@@ -352,7 +352,7 @@ class Semu:
             links = [(r, peer) for peer in range(n)]
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
-                    append((HOST, posts[i] * recv_post))
+                    append((HOST, posts[i] * recv_post, "recv-post"))
                 if type(a) is Compute:
                     table = rank_tables[a.microbatch]
                     op = table.get(a)
@@ -373,7 +373,7 @@ class Semu:
             else:
                 sends = 0
             if sends:
-                append((HOST, sends * send_wait))  # the runtime waits every send at the end
+                append((HOST, sends * send_wait, None))  # the runtime waits every send at the end
             programs.append(ops)
 
         return replay(programs, schedule.actions, graph, start, record)

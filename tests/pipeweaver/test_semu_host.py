@@ -74,6 +74,16 @@ def test_two_rank_makespan_with_host_terms_is_the_hand_computed_one(transfer):
     assert res.rank_end[1] == grad_sent + SEND_WAIT
     assert res.rank_end[0] == grad_sent + RECV_WAIT + B + SEND_WAIT
     assert res.makespan == 2 * F + 2 * B + recv_post + 2 * send_post + 2 * RECV_WAIT + SEND_WAIT
+    # The posts are the timeline's host events, where the runtime's timers count them: rank 1
+    # posts its receive at 0 and its send after F + B; rank 0 its receive and its send after F.
+    hosts = sorted((e.rank, e.start, e.end, e.name) for e in res.events if e.category == "host")
+    rank1_send = F + recv_post + send_post + RECV_WAIT + F + B
+    assert hosts == [
+        (0, F, F + recv_post, "recv-post"),
+        (0, F + recv_post, F + recv_post + send_post, "send-post"),
+        (1, 0.0, recv_post, "recv-post"),
+        (1, rank1_send, rank1_send + send_post, "send-post"),
+    ]
     # Without host terms: the plain 1F1B makespan.
     plain = Semu(spec, _cluster(2, free_comm=True), compute_cost_fn=const)
     assert plain.simulate_pipeline(sched, _uniform_mbs(1)).makespan == 2 * F + 2 * B
