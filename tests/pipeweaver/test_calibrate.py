@@ -203,3 +203,22 @@ def test_calibrate_quick_grid_and_semu_reads_it(tmp_path):
     pl = Placement.baseline(1, spec.layers())
     res = semu.simulate_step([generate("none", pl, structure_of(x, enc)) for x in mbs], mbs)
     assert res.step_time_s > 0 and res.peak_activation_bytes[0] > 0
+
+
+@pytest.mark.multiproc
+def test_parallel_stage_gives_every_figure_semu_reads_from_it():
+    """The two-process stage (torchrun, 2 gloo ranks) measures the links, how two processes
+    slow each other, and the runtime's transfers as a running step pays them: every figure
+    SEMU charges per transfer, the posts above zero (a post is a system call at least)."""
+    from megatron.mllm.calibration.parallel import measure_parallel
+
+    par = measure_parallel(str(CONFIG_DIR / "cpu-main.json"), threads=1, reps=1)
+    transfers = par["transfers"]
+    assert set(transfers) == {
+        "send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s", "transfer_compute_s"
+    }  # fmt: skip
+    assert transfers["send_post_s"] > 0 and transfers["recv_post_s"] > 0
+    assert min(transfers.values()) >= 0 and max(transfers.values()) < 1.0
+    comm = par["comm"]
+    assert comm["p2p_latency_s"] >= 0 and comm["p2p_bandwidth"] > 0
+    assert comm["allreduce_bandwidth"] > 0 and par["shared_node_slowdown"] >= 1.0
