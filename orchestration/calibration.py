@@ -44,12 +44,12 @@ them stay valid):
   (a receive action's wait once the tensor has arrived), each as a running step pays it (both
   stages computing), ``transfer_compute_s`` (the compute a rank loses per transfer it sends or
   receives, to the threads that move the data on the cores it computes on),
-  ``runtime_forward_s`` /
-  ``runtime_backward_s`` (the runtime's bookkeeping per forward / backward action outside
-  megatron-core's ``forward_step`` / ``backward_step``: gathering inputs, routing outputs and
-  gradients), ``sub_split_s`` (cutting one encoder sub-microbatch out of a packed microbatch)
-  and ``sub_join_s`` / ``sub_join_backward_s`` (LLM chunk 0 concatenating one encoder sub's
-  rows in its forward, and splitting their gradient in its backward);
+  ``runtime_forward_s`` / ``runtime_backward_s`` (the runtime's bookkeeping per forward /
+  backward action outside megatron-core's ``forward_step`` / ``backward_step``: gathering
+  inputs, routing outputs and gradients), ``sub_split_s`` (cutting one encoder sub-microbatch
+  out of a packed microbatch) and ``sub_join_s`` / ``sub_join_backward_s`` (LLM chunk 0
+  concatenating one encoder sub's rows in its forward, and splitting their gradient in its
+  backward);
 * ``machine``: the host the file was measured on (``cpu``, ``cores``, ``torch_threads``) and a
   short probe of its speed (``probe``: ``matmul_s``, ``python_s``; see
   :mod:`orchestration.host_probe`), which SEMU and the balancer rerun to rescale the times on

@@ -211,6 +211,7 @@ def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
         torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h)
     ).to(dtype)
     x = torch.randn(4 * shape[0], h, dtype=dtype, requires_grad=True)
+    payload = torch.ones(shape, dtype=dtype)  # waited every iteration, so one serves them all
 
     def compute() -> float:
         t = time.perf_counter()
@@ -236,7 +237,7 @@ def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
                 busy += compute()
                 if transfers:
                     t = time.perf_counter()
-                    sent = p2p.isend(torch.ones(shape, dtype=dtype), peer)
+                    sent = p2p.isend(payload, peer)
                     took["send_post_s"] += time.perf_counter() - t
                 busy += compute()
                 if transfers:
