@@ -242,14 +242,35 @@ class RunSummary:
         return _mean(sums) if sums else None
 
 
-def _average(tables: Sequence[Mapping[int, Mapping[str, float | None]]]) -> dict:
+def _average(tables: Sequence[Mapping[int, Mapping[str, float | None]]],
+             select: Mapping[int, Sequence[int]] | None = None) -> dict:  # fmt: skip
+    """Per rank, the mean of each term over the tables (iterations) that have the rank, or over
+    ``select[rank]``'s tables where given."""
     out: dict[int, dict[str, float | None]] = {}
-    for rank in tables[0]:
-        keys = dict.fromkeys(k for t in tables for k in t.get(rank, {}))
+    for rank in sorted({r for t in tables for r in t}):
+        chosen = [tables[i] for i in select[rank]] if select and rank in select else tables
+        keys = dict.fromkeys(k for t in chosen for k in t.get(rank, {}))
         out[rank] = {}
         for k in keys:
-            values = [t[rank].get(k) for t in tables if rank in t]
+            values = [t[rank].get(k) for t in chosen if rank in t]
             out[rank][k] = None if any(v is None for v in values) else _mean(values)
+    return out
+
+
+def _predicted_iterations(records: Sequence[Mapping[str, Any]]) -> dict[int, list[int]] | None:
+    """Per rank, the iterations (indices into ``records``) whose prediction has it, when the
+    predicted ranks change from iteration to iteration (SEMU's step of every replica under
+    megatron-core's engine: the prediction's ranks are the slowest replica's); else None.
+
+    A rank's measured terms are then averaged over the iterations its replica was the
+    predicted one, so that measured and predicted describe the same iterations."""
+    ranks = {tuple(rec["prediction"]["ranks"]) for rec in records if "prediction" in rec}
+    if len(ranks) <= 1:
+        return None
+    out: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        for rank in rec.get("prediction", {}).get("ranks", ()):
+            out.setdefault(rank, []).append(i)
     return out
 
 
@@ -297,11 +318,13 @@ def summarize(name: str, records: Sequence[Mapping[str, Any]], skip: int,
                 for rec in with_prediction
             ]  # fmt: skip
             plan_scale = scale
+    select = _predicted_iterations(records) if source == "semu" else None
     summary = RunSummary(
-        name, [int(rec["iteration"]) for rec in records], ranks, _average(measured),
+        name, [int(rec["iteration"]) for rec in records], ranks, _average(measured, select),
         _average([p.terms for p in predictions]) if predictions else {},
-        _average(m_phases), _average([p.phases for p in predictions]) if predictions else {},
-        _average(host), source, note, plan_scale,
+        _average(m_phases, select),
+        _average([p.phases for p in predictions]) if predictions else {},
+        _average(host, select), source, note, plan_scale,
     )  # fmt: skip
     return summary
 

@@ -4,11 +4,14 @@
 Two predictions drive OrchWeave's decisions, and both are checked here, iteration by iteration
 (``--step-prediction``, and always in profiled iterations):
 
-* **SEMU's** for a pipeline replica (every step but the per-phase balanced one): the step of
-  *this rank's* replica simulated with the same microbatches, the same schedule (the runtime's,
-  or the one megatron-core's engine runs: no pipelining with PP = 1, 1F1B with PP > 1, padded)
-  and the run's calibration (``--cost-calibration``), on a cluster of this run's device type
-  and size;
+* **SEMU's** for a pipeline replica (every step but the per-phase balanced one): the step
+  simulated with the same microbatches, the same schedule (the runtime's, or the one
+  megatron-core's engine runs: no pipelining with PP = 1, 1F1B with PP > 1, padded) and the
+  run's calibration (``--cost-calibration``), on a cluster of this run's device type and size.
+  Under megatron-core's engine every DP replica is simulated (each one's microbatches, from the
+  batch's gathered metadata): the step waits for the slowest, and the prediction's tracks are
+  that replica's. The runtime's schedules are known to their own pipeline only, so there the
+  step is *this rank's* replica's;
 * **the plan's** for the per-phase balanced step (PP = 1): each rank's predicted load of each
   phase (``PhasePlan.loads_after``), in seconds when the cost model is calibrated.
 
@@ -76,11 +79,36 @@ class StepInputs:
     loads: dict[str, list[float]] | None = None
     """The per-phase balanced step's plan: each phase's load per DP rank (else None)."""
 
+    metadata: Any = None
+    """The batch's metadata of every DP rank (:class:`~orchestration.metadata.GatheredMetadata`)
+    when every rank ran its own samples: under megatron-core's engine, every replica is
+    simulated from it (:func:`replica_microbatches`); None: this rank's replica alone."""
+
     loads_before: dict[str, list[float]] | None = None
     """The plan's loads had every rank kept its own samples."""
 
     unit: str = "flops"
     """Unit of the loads."""
+
+
+def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]]) -> list | None:
+    """Every DP rank's microbatches from a batch's gathered metadata
+    (:class:`~orchestration.metadata.GatheredMetadata`), cut as this rank's ``own`` are
+    (Megatron's order: each rank's samples in loading order, as many per microbatch on every
+    rank). None when there is one rank, when the metadata cannot rebuild samples (no ids), or
+    when a rank holds another number of samples than this one (fitting dropped some), whose
+    cut is then unknown."""
+    sizes = [len(mb) for mb in own]
+    if metadata is None or metadata.num_ranks < 2 or metadata.sample_ids is None:
+        return None
+    replicas = []
+    for rank in range(metadata.num_ranks):
+        indices = metadata.rank_samples(rank)
+        if len(indices) != sum(sizes):
+            return None
+        metas = iter([metadata.sample_meta(s) for s in indices])
+        replicas.append([[next(metas) for _ in range(n)] for n in sizes])
+    return replicas
 
 
 class StepPredictor:
@@ -114,35 +142,53 @@ class StepPredictor:
         self.layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
 
     def predict(self, microbatches: Sequence[Sequence[SampleMeta]], schedule: Schedule | None,
-                pad_to: int | None) -> StepPrediction:  # fmt: skip
-        """SEMU's step of one replica.
+                pad_to: int | None, replicas: Sequence | None = None) -> StepPrediction:  # fmt: skip
+        """SEMU's step of one replica, or of every replica under megatron-core's engine.
 
         Args:
             microbatches: the samples of each microbatch the replica ran, in order.
             schedule: the runtime's schedule; None for megatron-core's engine (its order is
                 generated: no pipelining with PP = 1, 1F1B otherwise).
             pad_to: the fixed microbatch length the step padded to, if any.
+            replicas: with ``schedule`` None, every DP replica's microbatches (each as
+                ``microbatches``), in DP group order: the step of them all.
         """
-        mbs = [
-            pack_microbatch(
-                list(samples), self.encoders, pad_to, self.seq_length, self.sub_tokens,
-                lambda s: sum(self.shape.sample_phase_flops(s).values()), self.sub_units,
-            )
-            for samples in microbatches
+        if schedule is not None or not replicas:
+            replicas = [microbatches]
+        packed = [
+            [
+                pack_microbatch(
+                    list(samples), self.encoders, pad_to, self.seq_length, self.sub_tokens,
+                    lambda s: sum(self.shape.sample_phase_flops(s).values()), self.sub_units,
+                )
+                for samples in replica
+            ]
+            for replica in replicas
         ]  # fmt: skip
-        if schedule is None:
-            placement = Placement.baseline(self.pipeline, self.layers)
-            name = "none" if self.pipeline == 1 else "1f1b"
-            schedule = generate(name, placement, structure_of(mbs, self.encoders))
-        return self.semu.simulate_step([schedule], [mbs])
+        if schedule is not None:
+            return self.semu.simulate_step([schedule], packed)
+        placement = Placement.baseline(self.pipeline, self.layers)
+        name = "none" if self.pipeline == 1 else "1f1b"
+        schedules = [generate(name, placement, structure_of(mbs, self.encoders)) for mbs in packed]
+        return self.semu.simulate_step(schedules, packed)
+
+    def replica_ranks(self, replica: int) -> list[int]:
+        """The global ranks of DP replica ``replica``'s pipeline stages: this rank's pipeline
+        shifted as its DP group is (Megatron's rank grid strides stages and replicas evenly)."""
+        shift = self.dp_ranks[replica] - self.pp_ranks[-1]
+        return [r + shift for r in self.pp_ranks]
 
     def predict_iteration(self, inputs: StepInputs) -> PredictedIteration:
         """The plan's prediction of a per-phase balanced iteration, SEMU's of any other."""
         if inputs.loads:
             return from_plan(inputs.iteration, inputs.loads, inputs.unit, self.dp_ranks,
                              inputs.loads_before)  # fmt: skip
-        step = self.predict(inputs.microbatches, inputs.schedule, inputs.pad_to)
-        return from_semu(inputs.iteration, step, self.pp_ranks)
+        replicas = None
+        if inputs.schedule is None:
+            replicas = replica_microbatches(inputs.metadata, inputs.microbatches)
+        step = self.predict(inputs.microbatches, inputs.schedule, inputs.pad_to, replicas)
+        ranks = self.replica_ranks(step.critical_replica) if replicas else self.pp_ranks
+        return from_semu(inputs.iteration, step, ranks)
 
 
 @dataclass

@@ -373,7 +373,8 @@ class Trainer:
         if stats is not None and stats.predicted_loads:  # the per-phase step's plan
             return StepInputs(self.iteration, [], None, None, stats.predicted_loads,
                               stats.predicted_loads_before, stats.unit)  # fmt: skip
-        return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length)
+        return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length,
+                          metadata=step.last_metadata)  # fmt: skip
 
     def schedule_actions(self) -> list[str] | None:
         """This rank's actions of the runtime's latest schedule, in order (None without the

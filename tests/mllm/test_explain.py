@@ -129,3 +129,28 @@ def test_records_without_timers_are_an_error(tmp_path):
     path.write_text(json.dumps({"iteration": 1, "lm_loss": 5.0}) + "\n")
     with pytest.raises(ExplainError, match="--timing-log-level 2 --step-prediction"):
         load_records(path)
+
+
+def test_a_slowest_replica_prediction_is_compared_over_the_iterations_it_was_predicted():
+    """SEMU's step of every replica (megatron-core's engine, DP = 2) predicts the slowest
+    replica's ranks, which change from iteration to iteration: each rank's measured terms are
+    averaged over the iterations its replica was the predicted one."""
+    records = []
+    for i, (slow, compute) in enumerate([(0, 0.4), (1, 0.3), (0, 0.5), (1, 0.2)]):
+        t = _timers()
+        t["exclusive"]["forward-compute"] = [compute, compute / 2]
+        prediction = {"source": "semu", "ranks": [slow], "step_s": 1.0, "busy_s": [compute],
+                      "category_s": {"F": [compute]}, "actions_s": {"l0F0": [compute]}}  # fmt: skip
+        records.append({"iteration": i + 1, "timers": t, "prediction": prediction})
+    s = summarize("dp2", records, skip=0)
+    # Rank 0 was predicted in iterations 1 and 3, rank 1 in 2 and 4: 0.4, 0.5 and 0.15, 0.1.
+    assert s.measured[0]["compute"] == pytest.approx(0.45 + 0.1)  # + its encoder-forward
+    assert s.measured[1]["compute"] == pytest.approx(0.125 + 0.05)
+    assert s.predicted[0]["compute"] == pytest.approx(0.45)
+    assert s.predicted[1]["compute"] == pytest.approx(0.25)
+    # One replica predicted throughout: every iteration counts for every rank.
+    for rec in records:
+        rec["prediction"]["ranks"] = [1]
+    s = summarize("dp2", records, skip=0)
+    assert s.measured[0]["compute"] == pytest.approx((0.4 + 0.3 + 0.5 + 0.2) / 4 + 0.1)
+    assert s.predicted[1]["compute"] == pytest.approx(0.35) and 0 not in s.predicted

@@ -106,6 +106,10 @@ class TrainingStep:
         self.last_samples: list[list] = []
         """The samples (``SampleMeta``) of each microbatch this rank's engine ran in the latest
         call, for the prediction of the step; empty for the per-phase balanced step."""
+        self.last_metadata = None
+        """The latest call's batch metadata of every DP rank
+        (:class:`~orchestration.metadata.GatheredMetadata`) when every rank ran its own samples
+        (the unbalanced step), for the prediction of every replica; else None."""
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
                  seq_length: int | None = None, micro_batch_size: int | None = None,
@@ -196,6 +200,7 @@ class PackedStep(TrainingStep):
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
         loaded = take(data_iterator, num_microbatches)
         self.last_samples = [[s.meta for s in mb.samples] for mb in loaded]
+        self.last_metadata = loaded[0].batch.metadata if loaded else None
         if self.schedules is not None:
             self.schedules.prepare(loaded[0].batch.next_microbatches if loaded else None)
         with self.timers.span("pack"):
