@@ -79,16 +79,16 @@ class StepInputs:
     loads: dict[str, list[float]] | None = None
     """The per-phase balanced step's plan: each phase's load per DP rank (else None)."""
 
-    metadata: Any = None
-    """The batch's metadata of every DP rank (:class:`~orchestration.metadata.GatheredMetadata`)
-    when every rank ran its own samples: under megatron-core's engine, every replica is
-    simulated from it (:func:`replica_microbatches`); None: this rank's replica alone."""
-
     loads_before: dict[str, list[float]] | None = None
     """The plan's loads had every rank kept its own samples."""
 
     unit: str = "flops"
     """Unit of the loads."""
+
+    metadata: Any = None
+    """The batch's metadata of every DP rank (:class:`~orchestration.metadata.GatheredMetadata`)
+    when every rank ran its own samples: under megatron-core's engine, every replica is
+    simulated from it (:func:`replica_microbatches`); None: this rank's replica alone."""
 
 
 def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]]) -> list | None:

@@ -371,8 +371,10 @@ class Trainer:
             return None
         step, stats = self.step, self.step.balance_stats
         if stats is not None and stats.predicted_loads:  # the per-phase step's plan
-            return StepInputs(self.iteration, [], None, None, stats.predicted_loads,
-                              stats.predicted_loads_before, stats.unit)  # fmt: skip
+            return StepInputs(
+                self.iteration, [], None, None, loads=stats.predicted_loads,
+                loads_before=stats.predicted_loads_before, unit=stats.unit,
+            )  # fmt: skip
         return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length,
                           metadata=step.last_metadata)  # fmt: skip
 
