@@ -50,6 +50,18 @@ def test_replicas_are_rebuilt_from_the_gathered_metadata_as_loaded():
     assert replica_microbatches(short, own) is None
 
 
+def _predicted(predictor, rank_microbatches, iteration: int):
+    """The last rank's prediction of ``iteration`` with every replica's metadata, and with its
+    own replica alone; and both ranks' (stream index, metadata) microbatches."""
+    ranks = [rank_microbatches(iteration, r) for r in range(2)]
+    metadata = GatheredMetadata.from_rank_samples([[p for mb in mbs for p in mb] for mbs in ranks])
+    own = [[meta for _, meta in mb] for mb in ranks[1]]
+    got = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None,
+                                                 metadata=metadata))  # fmt: skip
+    alone = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None))
+    return got, alone, ranks
+
+
 @pytest.mark.parametrize("iteration", range(4))
 def test_megatron_engine_prediction_is_the_step_of_every_replica(iteration):
     """The predicting rank (the last: replica 1) simulates both replicas: the step waits for
@@ -58,12 +70,7 @@ def test_megatron_engine_prediction_is_the_step_of_every_replica(iteration):
     loaded, rank_microbatches = _dp2_run()
     run, mllm = loaded.run, loaded.model
     predictor = StepPredictor(run, mllm, 2, None, dp_ranks=[0, 1], pp_ranks=[1])
-    ranks = [rank_microbatches(iteration, r) for r in range(2)]
-    metadata = GatheredMetadata.from_rank_samples([[p for mb in mbs for p in mb] for mbs in ranks])
-    own = [[meta for _, meta in mb] for mb in ranks[1]]
-    got = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None,
-                                                 metadata=metadata))  # fmt: skip
-    alone = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None))
+    got, alone, ranks = _predicted(predictor, rank_microbatches, iteration)
     encoders = list(mllm.encoders)
     packed = [
         [pack_microbatch([meta for _, meta in mb], encoders, None, run.seq_length)
@@ -93,13 +100,6 @@ def test_the_other_replica_sets_the_step_in_some_iterations():
     predictor = StepPredictor(loaded.run, loaded.model, 2, None, dp_ranks=[0, 1], pp_ranks=[1])
     longer = 0
     for iteration in range(4):
-        ranks = [rank_microbatches(iteration, r) for r in range(2)]
-        metadata = GatheredMetadata.from_rank_samples(
-            [[p for mb in mbs for p in mb] for mbs in ranks]
-        )
-        own = [[meta for _, meta in mb] for mb in ranks[1]]
-        got = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None,
-                                                     metadata=metadata))  # fmt: skip
-        alone = predictor.predict_iteration(StepInputs(iteration + 1, own, None, None))
+        got, alone, _ = _predicted(predictor, rank_microbatches, iteration)
         longer += got.ranks == [0] and got.step_s > alone.step_s
     assert longer >= 1
