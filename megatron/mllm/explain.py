@@ -243,16 +243,19 @@ class RunSummary:
 
 
 def _average(tables: Sequence[Mapping[int, Mapping[str, float | None]]],
-             select: Mapping[int, Sequence[int]] | None = None) -> dict:  # fmt: skip
+             select: Mapping[int, Sequence[int]] | None = None,
+             absent: float | None = None) -> dict:  # fmt: skip
     """Per rank, the mean of each term over the tables (iterations) that have the rank, or over
-    ``select[rank]``'s tables where given."""
+    ``select[rank]``'s tables where given. A term missing from some of them counts as
+    ``absent`` there: 0 for measured timers (a timer that did not run in an iteration, as
+    ``plan`` where the plan was made ahead), None for predictions (the mean is None)."""
     out: dict[int, dict[str, float | None]] = {}
     for rank in sorted({r for t in tables for r in t}):
         chosen = [tables[i] for i in select[rank]] if select and rank in select else tables
         keys = dict.fromkeys(k for t in chosen for k in t.get(rank, {}))
         out[rank] = {}
         for k in keys:
-            values = [t[rank].get(k) for t in chosen if rank in t]
+            values = [t[rank].get(k, absent) for t in chosen if rank in t]
             out[rank][k] = None if any(v is None for v in values) else _mean(values)
     return out
 
@@ -320,11 +323,12 @@ def summarize(name: str, records: Sequence[Mapping[str, Any]], skip: int,
             plan_scale = scale
     select = _predicted_iterations(records) if source == "semu" else None
     summary = RunSummary(
-        name, [int(rec["iteration"]) for rec in records], ranks, _average(measured, select),
+        name, [int(rec["iteration"]) for rec in records], ranks,
+        _average(measured, select, absent=0.0),
         _average([p.terms for p in predictions]) if predictions else {},
-        _average(m_phases, select),
+        _average(m_phases, select, absent=0.0),
         _average([p.phases for p in predictions]) if predictions else {},
-        _average(host, select), source, note, plan_scale,
+        _average(host, select, absent=0.0), source, note, plan_scale,
     )  # fmt: skip
     return summary
 

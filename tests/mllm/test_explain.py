@@ -11,6 +11,7 @@ from megatron.mllm.cli.explain_step import explain, main
 from megatron.mllm.explain import (
     TERMS,
     ExplainError,
+    format_run,
     load_records,
     measured_terms,
     plan_terms,
@@ -122,6 +123,22 @@ def test_the_cli_explains_a_run_and_a_comparison(tmp_path, capsys):
     assert f"predicted gain {gain:.3f}" in text
     assert main([str(tmp_path / "missing.jsonl")]) == 2
     assert capsys.readouterr().err.startswith("error: cannot read")
+
+
+def test_a_timer_missing_from_some_iterations_counts_as_zero_there():
+    """A host timer that runs in some iterations only (``plan`` where the plan was not made
+    ahead) averages over all of them, 0 where absent: it used to make the report crash."""
+    first, second = _timers(), _timers()
+    for table in ("seconds", "exclusive"):
+        first[table]["plan"] = [0.004, 0.006]
+        first[table]["forward-backward"] = [0.136, 0.134]
+    s = summarize("run", [{"iteration": i + 1, "timers": t} for i, t in
+                          enumerate([first, second])], skip=0)  # fmt: skip
+    assert s.host[0]["plan"] == pytest.approx(0.002)
+    assert s.host[1]["plan"] == pytest.approx(0.003)
+    assert s.measured[0]["host"] == pytest.approx(0.17)  # batch-generator, fb, plan, other
+    assert any("host on rank 1: " in line and "plan 3.0" in line
+               for line in format_run(s))  # fmt: skip
 
 
 def test_records_without_timers_are_an_error(tmp_path):
