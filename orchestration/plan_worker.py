@@ -12,7 +12,9 @@ the critical path per iteration against 1.48 ms (README, post-balancing figures)
 The worker is a fresh interpreter (``pipeweaver.pipe_workers``: never the parent's main
 script, never a forked copy of a process holding torch's threads) that imports numpy and the
 planners only. It runs one :class:`~orchestration.plan_job.PlanJob` at a time and answers
-``(job id, ok, value, seconds)``: the job's result, or the exception it raised. The parent
+``(job id, answer, seconds)``, the answer pickled ``(ok, value)``: the job's result, or the
+exception it raised. The workers of a DP group's ranks on one host may share each answer
+(:mod:`orchestration.plan_share`): every rank's plan is the same. The parent
 reads only its own job's answer (an answer to a job it dropped is skipped), every wait is
 bounded, and a worker that died is one error naming the rank and how it ended.
 
@@ -31,6 +33,7 @@ import weakref
 from typing import Any, Callable
 
 from orchestration.metadata import PlanError
+from orchestration.plan_share import PlanShare, ShareWorkerState
 from pipeweaver.pipe_workers import exit_status, launch, stop, worker_ends, worker_env
 
 _WORKER = "import sys; from orchestration.plan_worker import serve; serve(sys.argv[1:])"
@@ -61,14 +64,17 @@ class PlanWorker:
         self._next_id = 0
         self._finalizer = weakref.finalize(self, stop, [self])
 
-    def submit(self, job: Callable[[], Any]) -> "PlanTicket":
-        """Send ``job`` (picklable) to the worker; its answer comes through the ticket."""
+    def submit(self, job: Callable[[], Any],
+               share: tuple[PlanShare, int] | None = None) -> "PlanTicket":  # fmt: skip
+        """Send ``job`` (picklable) to the worker; its answer comes through the ticket.
+        ``share``: the group's :class:`~orchestration.plan_share.PlanShare` and the iteration
+        the job plans, whose answer the group's workers on this host share."""
         with self._lock:
             self._next_id += 1
             try:
                 # The job travels pickled apart, so that a job the worker cannot unpickle is
                 # still answered under its id.
-                self.tasks.send((self._next_id, pickle.dumps(job, protocol=5)))
+                self.tasks.send((self._next_id, pickle.dumps(job, protocol=5), share))
             except OSError:
                 raise PlanError(self._lost()) from None
             return PlanTicket(self, self._next_id)
@@ -81,10 +87,11 @@ class PlanWorker:
             if left <= 0 or not self.results.poll(left):
                 raise PlanWorkerTimeout(f"no answer within {timeout_s:.0f} s")
             try:
-                answer_id, ok, value, seconds = self.results.recv()
+                answer_id, raw, seconds = self.results.recv()
             except (EOFError, OSError):
                 raise PlanError(self._lost()) from None
             if answer_id == job_id:
+                ok, value = pickle.loads(raw)
                 return ok, value, seconds
 
     def _lost(self) -> str:
@@ -130,25 +137,39 @@ class PlanTicket:
 
 
 def serve(argv: list[str]) -> None:
-    """The worker's loop: run each job, answer its result or its exception, until the parent
+    """The worker's loop: run each job (or read its answer from another worker of the group,
+    :mod:`orchestration.plan_share`), answer its pickled result or exception, until the parent
     closes the task pipe."""
     tasks, results = worker_ends(argv)
     import orchestration.phase_plan  # noqa: F401  (the planners, before the first job)
     import orchestration.sample_plan  # noqa: F401
 
-    while True:
-        try:
-            job_id, raw = tasks.recv()
-        except (EOFError, OSError):
-            return
-        start = time.perf_counter()
-        try:
-            answer = (job_id, True, pickle.loads(raw)())
-        except Exception as e:  # the parent raises it where the plan is taken
-            answer = (job_id, False, e)
-        try:
-            results.send((*answer, time.perf_counter() - start))
-        except (EOFError, OSError):
-            return
-        except Exception as e:  # a result or an exception that does not pickle
-            results.send((job_id, False, PlanError(f"a plan's answer did not pickle: {e}"), 0.0))
+    shared = ShareWorkerState()
+    try:
+        while True:
+            try:
+                job_id, raw, share = tasks.recv()
+            except (EOFError, OSError):
+                return
+            start = time.perf_counter()
+            run = lambda: _run(raw)  # noqa: E731
+            answer = run() if share is None else shared.answer(*share, run)[0]
+            try:
+                results.send((job_id, answer, time.perf_counter() - start))
+            except (EOFError, OSError):
+                return
+    finally:
+        shared.close()
+
+
+def _run(raw: bytes) -> bytes:
+    """One job's answer, pickled once (a shared answer is written as it is sent): ``(True,
+    result)``, or ``(False, exception)`` for the parent to raise where the plan is taken."""
+    try:
+        answer = (True, pickle.loads(raw)())
+    except Exception as e:
+        answer = (False, e)
+    try:
+        return pickle.dumps(answer, protocol=5)
+    except Exception as e:  # a result or an exception that does not pickle
+        return pickle.dumps((False, PlanError(f"a plan's answer did not pickle: {e}")))

@@ -13,6 +13,7 @@ and what it did in its latest call (:attr:`balance_stats`).
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,6 +35,7 @@ from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
 from orchestration.plan_job import PlanJob, PlanResult
+from orchestration.plan_share import PlanShare
 
 BALANCE_ALGORITHMS = {"lpt": "lpt+refine", "kk": "kk+refine", "auto": "auto"}
 """``--post-balance`` choices and the ``orchestration.balance`` algorithm each runs."""
@@ -270,10 +272,12 @@ class BalancedStep(TrainingStep):
             enc: encoder_input_dtype(enc, run.data is not None) for enc in mllm.encoders
         }
         """Per encoder, the dtype its inputs travel in (every rank's must agree)."""
+        timeout_s = run.distributed_timeout.total_seconds()
         self.ahead = PlanAhead(
             run.balance.plan_ahead,
-            run.distributed_timeout.total_seconds(),
+            timeout_s,
             name=f"rank {dist.get_rank()}" if dist.is_initialized() else "this rank",
+            share=self._plan_share(dispatcher, timeout_s) if run.balance.plan_ahead else None,
         )
         # The digest rides on the DP group's metadata gather only when that group is the
         # whole world: with several DP groups (PP or TP > 1) all of them must agree, which
@@ -370,6 +374,18 @@ class BalancedStep(TrainingStep):
     @property
     def plans_ahead(self) -> bool:
         return self.ahead.enabled
+
+    @staticmethod
+    def _plan_share(dispatcher: Dispatcher, timeout_s: float) -> PlanShare | None:
+        """The DP group's shared plans on this host, named by a token the group takes from its
+        first rank (one gather at start-up); None for a group of one."""
+        if dispatcher.world < 2:
+            return None
+        mine = np.array([secrets.randbits(63)], dtype=np.int64)
+        token = int(dispatcher.all_gather_arrays(mine, "plan share token all-gather")[0][0])
+        # A reader that waits this long for another worker's plan makes it itself, well before
+        # the step gives up on its own worker.
+        return PlanShare.for_group(token, wait_s=timeout_s / 4)
 
     def control_words(self, iteration: int) -> np.ndarray | None:
         """This rank's control words for ``iteration``'s metadata gather, made equal over

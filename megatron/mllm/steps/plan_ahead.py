@@ -5,7 +5,8 @@ Megatron's data order is known ahead, so the loader gathers iteration ``i + 1``'
 iteration ``i``'s (``BatchLoader.lookahead``), and the step hands the plan of ``i + 1`` (a
 picklable ``orchestration.plan_job.PlanJob``) to the rank's planning worker before it runs
 ``i``: a process of its own, at the step's priority (``orchestration.plan_worker``: a thread
-would share the step's interpreter lock). When ``i + 1`` starts its plan is (normally) ready:
+would share the step's interpreter lock). The ranks of a DP group on one host share each plan
+(``orchestration.plan_share``): one of their workers makes it, the others read it. When ``i + 1`` starts its plan is (normally) ready:
 what is left on the critical path is the wait for it, timed as ``plan-wait``, about zero once
 the plan takes less than a step. The planners are pure numpy (``orchestration``), so the
 worker needs no process group.
@@ -26,6 +27,7 @@ from typing import Callable, Generic, TypeVar
 import numpy as np
 
 from orchestration.metadata import PlanError, check_digests
+from orchestration.plan_share import PlanShare
 from orchestration.plan_worker import PlanTicket, PlanWorker, PlanWorkerTimeout
 
 T = TypeVar("T")
@@ -37,15 +39,20 @@ DIGEST_WORDS = 4
 class PlanAhead(Generic[T]):
     """At most one plan in flight, for the iteration after the current one."""
 
-    def __init__(self, enabled: bool, timeout_s: float, name: str = "this rank"):
+    def __init__(self, enabled: bool, timeout_s: float, name: str = "this rank",
+                 share: PlanShare | None = None):  # fmt: skip
         """Args:
         enabled: plan in the planning worker; False plans every iteration in the step.
         timeout_s: the longest wait for a plan (``--distributed-timeout-minutes``).
         name: whose plans they are, as errors name it (``rank 3``).
+        share: the DP group's plans on this host (:mod:`orchestration.plan_share`): one
+            worker of the group's ranks here makes each plan, the others read it; None: this
+            rank's worker makes every plan.
         """
         self.enabled = enabled
         self.timeout_s = timeout_s
         self.name = name
+        self.share = share
         self._worker: PlanWorker | None = None  # launched with the first job
         self._pending: tuple[int, PlanTicket] | None = None
         self.background_s = 0.0
@@ -58,7 +65,8 @@ class PlanAhead(Generic[T]):
             return
         if self._worker is None:
             self._worker = PlanWorker(self.name)
-        self._pending = (iteration, self._worker.submit(job))
+        share = (self.share, iteration) if self.share is not None else None
+        self._pending = (iteration, self._worker.submit(job, share))
 
     def has(self, iteration: int) -> bool:
         """Whether ``iteration``'s plan was submitted ahead."""
@@ -120,11 +128,14 @@ class PlanAhead(Generic[T]):
         return result
 
     def close(self) -> None:
-        """Stop the worker (a plan in flight is dropped)."""
+        """Stop the worker (a plan in flight is dropped) and remove the group's shared plans
+        on this host (a rank still running plans for itself from then on)."""
         if self._worker is not None:
             self._worker.close()
             self._worker = None
         self._pending = None
+        if self.share is not None:
+            self.share.close()
 
 
 def digest_words(digest: str) -> np.ndarray:
