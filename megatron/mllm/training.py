@@ -23,9 +23,10 @@ import time
 from functools import partial
 from typing import Any
 
-from megatron.mllm import cpu_shim
+from megatron.mllm import cpu_memory, cpu_shim
 
-cpu_shim.apply()
+if cpu_shim.apply():
+    cpu_memory.keep_freed_memory()  # as the GPU's caching allocator keeps it
 
 import torch  # noqa: E402
 
