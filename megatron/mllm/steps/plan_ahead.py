@@ -6,10 +6,10 @@ iteration ``i``'s (``BatchLoader.lookahead``), and the step hands the plan of ``
 picklable ``orchestration.plan_job.PlanJob``) to the rank's planning worker before it runs
 ``i``: a process of its own, at the step's priority (``orchestration.plan_worker``: a thread
 would share the step's interpreter lock). The ranks of a DP group on one host share each plan
-(``orchestration.plan_share``): one of their workers makes it, the others read it. When ``i + 1`` starts its plan is (normally) ready:
-what is left on the critical path is the wait for it, timed as ``plan-wait``, about zero once
-the plan takes less than a step. The planners are pure numpy (``orchestration``), so the
-worker needs no process group.
+(``orchestration.plan_share``): one of their workers makes it, the others read it. When
+``i + 1`` starts its plan is (normally) ready: what is left on the critical path is the wait for
+it, timed as ``plan-wait``, about zero once the plan takes less than a step. The planners are
+pure numpy (``orchestration``), so the worker needs no process group.
 
 The plan's digest, which every rank must agree on before anything moves, rides on the next
 metadata gather (:func:`digest_words`, :func:`check_control_digests`) instead of costing a
