@@ -23,10 +23,9 @@ import time
 from functools import partial
 from typing import Any
 
-from megatron.mllm import cpu_memory, cpu_shim
+from megatron.mllm import cpu_shim
 
-if cpu_shim.apply():
-    cpu_memory.keep_freed_memory()  # as the GPU's caching allocator keeps it
+cpu_shim.apply()
 
 import torch  # noqa: E402
 

@@ -83,11 +83,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
-from megatron.mllm import cpu_memory, cpu_shim
+from megatron.mllm import cpu_shim
 
 # Every module of the package builds megatron-core models: the shim goes first.
-if cpu_shim.apply():
-    cpu_memory.keep_freed_memory()  # layer times measured as the trainer runs them
+cpu_shim.apply()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
