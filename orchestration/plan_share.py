@@ -101,15 +101,11 @@ class ShareWorkerState:
         return raw, True
 
     def _tidy(self, directory: str, up_to: int) -> None:
-        """Delete the files of this worker's claims of iterations <= ``up_to``: the answer first,
-        so that a reader never sees a claim without its answer as a live claimer."""
+        """Delete the files of this worker's claims of iterations <= ``up_to`` (no rank reads
+        them any more; a reader that still found the claim would plan itself once it is gone)."""
         mine = self.claimed.get(directory, [])
         for it in [i for i in mine if i <= up_to]:
-            for kind in ("answer", "claim"):
-                try:
-                    os.unlink(_path(directory, it, kind))
-                except OSError:
-                    pass
+            _unlink(_path(directory, it, "answer"), _path(directory, it, "claim"))
             mine.remove(it)
 
     def close(self) -> None:
@@ -122,6 +118,15 @@ def _path(directory: str, iteration: int, kind: str) -> str:
     return os.path.join(directory, f"{iteration}.{kind}")
 
 
+def _unlink(*paths: str) -> None:
+    """Delete the files that are there (another rank's close may have removed them)."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def _write_answer(directory: str, iteration: int, raw: bytes) -> None:
     """Write the answer whole, then rename it into place (a reader never sees part of it); a
     failure only means the readers run the job themselves once the claim is gone."""
@@ -132,11 +137,7 @@ def _write_answer(directory: str, iteration: int, raw: bytes) -> None:
             f.write(raw)
         os.replace(tmp, final)
     except OSError:
-        for path in (tmp, _path(directory, iteration, "claim")):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        _unlink(tmp, _path(directory, iteration, "claim"))
 
 
 def _read_answer(directory: str, iteration: int, wait_s: float) -> bytes | None:
