@@ -257,15 +257,26 @@ def check_data_parallel(args: argparse.Namespace) -> None:
     Runs before Megatron's validation, which would reject ``--use-megatron-fsdp`` on a point
     beside this one (its checkpoint format).
     """
-    for flag, value in (("--overlap-grad-reduce", args.overlap_grad_reduce),
-                        ("--overlap-param-gather", args.overlap_param_gather)):  # fmt: skip
-        if value:
-            raise ConfigError(
-                f"{flag} is not supported by OrchWeave: megatron-core reduces a gradient bucket "
-                "as soon as every parameter in it has its gradient, and a rank whose batch holds "
-                "no image (or audio) computes none for that encoder, so its buckets never start "
-                "(gradients are reduced after the backward instead)"
-            )
+    if args.overlap_grad_reduce and args.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            "--overlap-grad-reduce is supported by OrchWeave with --pipeline-model-parallel-size "
+            f"1 only (got {args.pipeline_model_parallel_size}): the pipeline schedules do not yet "
+            "say when a chunk's gradients are final (gradients are reduced after the backward "
+            "instead)"
+        )
+    if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
+        raise ConfigError(
+            "--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it (without it "
+            "the gradients are reduced in one bucket after the backward)"
+        )
+    if args.overlap_param_gather:
+        raise ConfigError(
+            "--overlap-param-gather is not supported by OrchWeave: megatron-core gathers a "
+            "bucket's updated parameters in the forward pre-hook of its first module, and a "
+            "rank whose batch holds no image (or audio) runs no forward of that encoder, so "
+            "its gathers would never be waited for (the parameters are gathered after the "
+            "optimizer step instead)"
+        )
     if args.use_megatron_fsdp:
         raise ConfigError(FSDP_UNSUPPORTED)
 

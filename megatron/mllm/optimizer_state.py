@@ -131,5 +131,6 @@ def load_shard_state(optimizer, shards: list[dict | None]) -> None:
         except (AssertionError, KeyError, IndexError, RuntimeError) as e:
             raise ValueError(
                 f"its buckets do not match this run's ({type(e).__name__}: {e}); check "
-                "--ddp-bucket-size and the model's sizes against the saved run's"
+                "--overlap-grad-reduce, --ddp-bucket-size and the model's sizes against the saved "
+                "run's"
             ) from e

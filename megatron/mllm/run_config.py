@@ -546,10 +546,12 @@ class RunConfig:
         )
         # Megatron's flag names differ from DDP's fields here. The distributed optimizer
         # (--use-distributed-optimizer) shards over DP in DDP and in the optimizer alike;
-        # overlapped reduction and gathers are rejected by megatron.mllm.arguments.
+        # --overlap-grad-reduce buckets the gradients (--ddp-bucket-size, else megatron-core's
+        # default) and megatron.mllm.grad_overlap orders their reductions.
         ddp = config_from_args(
             DistributedDataParallelConfig,
             args,
+            bucket_size=args.ddp_bucket_size,
             grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
             check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad,
             use_distributed_optimizer=args.use_distributed_optimizer,

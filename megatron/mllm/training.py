@@ -34,7 +34,7 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
-from megatron.mllm import checkpointing, data_state, distributed, logs  # noqa: E402
+from megatron.mllm import checkpointing, data_state, distributed, grad_overlap, logs  # noqa: E402
 from megatron.mllm.arguments import (  # noqa: E402
     ConfigError,
     check_tensor_parallel,
@@ -249,6 +249,9 @@ class Trainer:
         config = self.mllm.language
         config.no_sync_func = self.ddp_model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
+        self.grad_reduce = None
+        if run.ddp.overlap_grad_reduce:
+            self.grad_reduce = grad_overlap.install(self.ddp_model, config)
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -487,6 +490,13 @@ class Trainer:
             f"0: {params}",
             flush=True,
         )
+        if self.grad_reduce is not None:
+            print(
+                f"> overlapped gradient reduction: {self.grad_reduce.num_buckets} buckets of "
+                f"{run.ddp.bucket_size} parameters (--ddp-bucket-size), each started in order "
+                "once its gradients are final",
+                flush=True,
+            )
         if self.partition is not None:
             auto = ", ".join(f"{flag} auto" for flag in run.pipeline.auto_flags)
             print(f"> OrchWeave partitioner ({auto}):", flush=True)

@@ -7,7 +7,8 @@ and ``OUT_DIR/NAME/rank{R}.pt`` (the last iteration's gradients and the final pa
 global name). With the distributed optimizer a DP rank's gradient buffers hold the reduced
 gradients of its own slice only, so the slices are gathered first: every rank then has what
 DDP's all-reduce leaves. A configuration whose trainer refuses its checkpoint writes each
-rank's message to ``OUT_DIR/NAME.rank{R}.error`` instead.
+rank's message to ``OUT_DIR/NAME.rank{R}.error`` instead. With ``--overlap-grad-reduce`` the
+file also holds the bucket count and how many buckets started early in the last step.
 """
 
 import os
@@ -47,8 +48,18 @@ def main() -> None:
         trainer.train()
         gather_reduced_grads(trainer)
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        overlap = trainer.grad_reduce
         torch.save(
-            {"grads": trainer.main_grads(), "params": trainer.parameters_by_name(), "loss": None},
+            {
+                "grads": trainer.main_grads(),
+                "params": trainer.parameters_by_name(),
+                "loss": None,
+                # --overlap-grad-reduce: the buckets, and how many started before the end of
+                # the last step's backward.
+                "overlap": (
+                    None if overlap is None else (overlap.num_buckets, overlap.started_early)
+                ),
+            },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
         )
         del trainer

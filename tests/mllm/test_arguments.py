@@ -72,6 +72,16 @@ def test_the_distributed_optimizer_shards_in_ddp_and_in_the_optimizer_alike():
     run = RunConfig.from_args(parse_arguments([*BASE, "--use-distributed-optimizer"], 2))
     assert run.ddp.use_distributed_optimizer and run.optimizer.use_distributed_optimizer
     assert not run.ddp.overlap_grad_reduce and not run.ddp.overlap_param_gather
+    assert run.ddp.bucket_size is None  # one bucket, reduced after the backward
+
+
+def test_overlapped_reduction_takes_megatrons_bucket_size():
+    flags = [*BASE, "--overlap-grad-reduce", "--ddp-bucket-size", "12345"]
+    run = RunConfig.from_args(parse_arguments(flags, 2))
+    assert run.ddp.overlap_grad_reduce and run.ddp.bucket_size == 12345
+    # Without --ddp-bucket-size megatron-core's DDP picks its default when it is built.
+    run = RunConfig.from_args(parse_arguments([*BASE, "--overlap-grad-reduce"], 2))
+    assert run.ddp.overlap_grad_reduce and run.ddp.bucket_size is None
 
 
 HUGE = 10**20
@@ -131,11 +141,14 @@ BAD_INPUT = [
      r"cuts the vision module into --pipeline-model-parallel-size 2 x "
      r"--vision-chunks-per-stage auto \(at least 1\) chunks, but it has only 1 layers"),
     # Sharded data parallelism: what OrchWeave's steps cannot run, before Megatron's checks.
-    (["--use-distributed-optimizer", "--overlap-grad-reduce"], 2,
-     r"--overlap-grad-reduce is not supported by OrchWeave: .* a rank whose batch holds no "
-     r"image \(or audio\) computes none for that encoder"),
+    (["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"], 2,
+     r"--overlap-grad-reduce is supported by OrchWeave with --pipeline-model-parallel-size 1 "
+     r"only \(got 2\)"),
+    (["--ddp-bucket-size", "1000"], 2,
+     r"--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it"),
     (["--use-distributed-optimizer", "--overlap-param-gather"], 2,
-     r"--overlap-param-gather is not supported by OrchWeave"),
+     r"--overlap-param-gather is not supported by OrchWeave: .* a rank whose batch holds no "
+     r"image \(or audio\) runs no forward of that encoder"),
     (["--use-megatron-fsdp"], 2,
      r"--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0\.19\.2's "
      r"Megatron-FSDP builds its device mesh without pipeline stages"),

@@ -1,12 +1,16 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""The distributed optimizer (``--use-distributed-optimizer``, ZeRO-1) learns what DDP learns,
-in every step mode, and its sharded state resumes exactly.
+"""The distributed optimizer (``--use-distributed-optimizer``, ZeRO-1) and overlapped gradient
+reduction (``--overlap-grad-reduce``) learn what DDP learns, in every step mode they run in, and
+the sharded state resumes exactly.
 
 One launch of 2 gloo ranks trains, one after the other: DDP at DP=2 (the reference); the
 distributed optimizer at DP=2 unbalanced and balanced (also on a workload where rank 1 loads no
 image and no audio, so its encoders get no gradient), at PP=2 with megatron-core's engine and
 with the runtime's dynamic schedule; resumes from iteration 2 of three of them, one of the model
-alone (``--no-load-optim``); and a resume with the other optimizer, which must be refused.
+alone (``--no-load-optim``); a resume with the other optimizer, which must be refused; and
+overlapped reduction in small buckets (PP = 1: Megatron's step and the balanced one, with DDP and
+the distributed optimizer, also where rank 1 loads no image and no audio, so its encoder buckets
+are complete only at the end while rank 0 completes them in its backward).
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ MODES = {
 }
 """Every mode runs with the distributed optimizer; DDP's DP=2 run is the reference of all."""
 RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic", "dp2-two-instances")
+OVERLAP = ["--overlap-grad-reduce", "--ddp-bucket-size", "4000"]
+"""Overlapped reduction in buckets small enough for the tiny model to have many."""
+BALANCED = ["--post-balance", "auto"]
+OVERLAPPED = {
+    "overlap-ddp": OVERLAP,
+    "overlap-ddp-balanced": [*OVERLAP, *BALANCED],
+    "overlap-distopt-balanced": [*OVERLAP, *DISTOPT, *BALANCED],
+}
+"""Overlapped runs at DP=2, each also on the workload where rank 1 loads no image or audio."""
 
 
 def _records(path: Path) -> list[dict]:
@@ -51,6 +64,16 @@ def runs(tmp_path_factory):
         save = ["--save", str(out / "ckpt" / mode), "--save-interval", "2"]
         configs[f"distopt-{mode}"] = [*THREE, *DISTOPT, *flags, *save]
     configs["variable-distopt-dp2-balanced"] = [*THREE, *DISTOPT, *variable, *MODES["dp2-balanced"]]
+    for name, flags in OVERLAPPED.items():
+        configs[name] = [*THREE, *flags]
+        configs[f"variable-{name}"] = [*THREE, *variable, *flags]
+    # Its shards follow the small buckets; a resume continues bit for bit.
+    configs["overlap-distopt-balanced"] += ["--save", str(out / "ckpt" / "overlap"),
+                                            "--save-interval", "2"]  # fmt: skip
+    configs["overlap-distopt-balanced-resumed"] = [
+        *THREE, *OVERLAPPED["overlap-distopt-balanced"], "--load", str(out / "ckpt" / "overlap"),
+        "--ckpt-step", "2",
+    ]  # fmt: skip
     for mode in RESUMED:
         load = ["--load", str(out / "ckpt" / mode), "--ckpt-step", "2"]
         configs[f"distopt-{mode}-resumed"] = [*THREE, *DISTOPT, *MODES[mode], *load]
@@ -82,6 +105,8 @@ def _learned(out: Path, name: str):
 COMPARED = {
     **{f"distopt-{mode}": "ddp" for mode in MODES},
     "variable-distopt-dp2-balanced": "variable-ddp",
+    **{name: "ddp" for name in OVERLAPPED},
+    **{f"variable-{name}": "variable-ddp" for name in OVERLAPPED},
 }
 """Each distributed-optimizer run and the DDP run it must learn the same as."""
 
@@ -94,6 +119,19 @@ def test_distributed_optimizer_learns_what_ddp_learns(runs, name):
     # Losses, the optimizer's own gradient norm (summed over the shards), the last gradients
     # (gathered from the shards) and the updated parameters, within 1e-5.
     assert_trains_the_same(records, _learned(runs, name), ref_records, _learned(runs, reference))
+
+
+@pytest.mark.parametrize("name", [*OVERLAPPED, *(f"variable-{n}" for n in OVERLAPPED)])
+def test_overlapped_reduction_starts_buckets_during_the_backward(runs, name):
+    counts = [torch.load(runs / name / f"rank{r}.pt")["overlap"] for r in (0, 1)]
+    buckets = counts[0][0]
+    assert buckets >= 4 and counts[1][0] == buckets, counts
+    # Some buckets started before finalize_model_grads on every rank (so the reduction ran
+    # beside the backward), and, in the balanced step, every one did: the step declares each
+    # module final after its backward.
+    assert all(early > 0 for _, early in counts), counts
+    if "balanced" in name:
+        assert all(early == buckets for _, early in counts), counts
 
 
 def test_the_state_is_sharded_one_file_per_rank(runs):
@@ -122,16 +160,18 @@ def _shard_sizes(directory: Path) -> list[int]:
     return sizes
 
 
-@pytest.mark.parametrize("mode", RESUMED)
-def test_a_resumed_run_continues_bit_for_bit(runs, mode):
-    full = _records(runs / f"distopt-{mode}.jsonl")
-    resumed = _records(runs / f"distopt-{mode}-resumed.jsonl")
+@pytest.mark.parametrize(
+    "name", [*(f"distopt-{mode}" for mode in RESUMED), "overlap-distopt-balanced"]
+)
+def test_a_resumed_run_continues_bit_for_bit(runs, name):
+    full = _records(runs / f"{name}.jsonl")
+    resumed = _records(runs / f"{name}-resumed.jsonl")
     assert [r["iteration"] for r in resumed] == [3]
     assert resumed[0]["lm_loss"] == full[2]["lm_loss"]
     assert resumed[0]["grad_norm"] == full[2]["grad_norm"]
     # The moments were restored: the last update, and so every parameter, is the same.
-    params = _merged(runs, f"distopt-{mode}-resumed")[1]
-    ref_params = _merged(runs, f"distopt-{mode}")[1]
+    params = _merged(runs, f"{name}-resumed")[1]
+    ref_params = _merged(runs, name)[1]
     for name, p in params.items():
         assert torch.equal(p, ref_params[name]), name
 

@@ -10,6 +10,7 @@ same order). The overlapped reduction is checked against times worked out by han
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 
 import numpy as np
@@ -229,12 +230,30 @@ def test_cli_full_mode_and_its_errors(capsys):
     base = ["--model", "cpu-main", "--cluster", "cpu-2ranks"]
     assert semu_cli.main(base + ["--post-balance", "auto", "--json"]) == 0
     assert "per-phase post-balancing" in capsys.readouterr().out
-    assert semu_cli.main(base + ["--post-balance", "auto", "--overlap-grad-reduce"]) == 2
+    # The trainer overlaps the DP reduction of its per-phase step (PP = 1), not at PP > 1.
+    pp2 = ["--set", "pipeline-model-parallel-size=2", "--post-balance", "auto"]
+    assert semu_cli.main(base + [*pp2, "--overlap-grad-reduce"]) == 2
     assert "--overlap-grad-reduce" in capsys.readouterr().err
     assert semu_cli.main(base + ["--post-balance", "auto", "--replicas", "1"]) == 2
     assert "--replicas" in capsys.readouterr().err
     assert semu_cli.main(base + ["--ddp-bucket-size", "100"]) == 2
     assert "--ddp-bucket-size" in capsys.readouterr().err
+
+
+def test_the_per_phase_step_reduces_buckets_during_the_encoders_backward(capsys):
+    """With --overlap-grad-reduce in small buckets, the LLM's buckets reduce beside the
+    encoders' backward (the trainer's grad_overlap), so less of the reduction is left after the
+    step's last compute; the computes themselves are the same."""
+    base = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--post-balance", "auto", "--json"]
+    steps = {}
+    for name, flags in {"after": [], "overlapped": ["--overlap-grad-reduce",
+                                                    "--ddp-bucket-size", "20000"]}.items():  # fmt: skip
+        assert semu_cli.main(base + flags) == 0
+        steps[name] = json.loads(capsys.readouterr().out)
+    after, overlapped = (steps[k]["breakdown"] for k in ("after", "overlapped"))
+    assert overlapped["pipeline"] == pytest.approx(after["pipeline"])
+    assert overlapped["allreduce_and_optimizer"] < 0.8 * after["allreduce_and_optimizer"]
+    assert steps["overlapped"]["step_time_s"] < steps["after"]["step_time_s"]
 
 
 def test_rank_buckets_by_hand():

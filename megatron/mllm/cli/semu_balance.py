@@ -96,10 +96,11 @@ def balance_flags(
     return flags
 
 
-def check_flags(args: argparse.Namespace, post_balance: str) -> None:
+def check_flags(args: argparse.Namespace, post_balance: str, pipeline: int) -> None:
     """Raises ConfigError: ``--replicas`` with post-balancing (its replicas differ: all are
-    simulated), or ``--overlap-grad-reduce`` with it, which the trainer's balanced steps cannot
-    run (a rank without an image computes no vision gradient)."""
+    simulated), or ``--overlap-grad-reduce`` with it at PP > 1 (``pipeline``), which the
+    trainer does not run (at PP = 1 its per-phase step overlaps the reduction with the
+    encoders' backward: ``megatron.mllm.grad_overlap``)."""
     if args.replicas is not None and post_balance != "none":
         raise ConfigError(
             f"--replicas: --post-balance {post_balance} gives every DP replica other samples, "
@@ -110,10 +111,10 @@ def check_flags(args: argparse.Namespace, post_balance: str) -> None:
             f"--pad packed is the Megatron baseline's offline packing; --post-balance "
             f"{post_balance} forms its own microbatches (use --pad megatron or none)"
         )
-    if args.overlap_grad_reduce and post_balance != "none":
+    if args.overlap_grad_reduce and post_balance != "none" and pipeline > 1:
         raise ConfigError(
-            f"--overlap-grad-reduce models upstream Megatron-LM; OrchWeave's trainer rejects it, "
-            f"so --post-balance {post_balance} runs without it"
+            "--overlap-grad-reduce with --post-balance at --pipeline-model-parallel-size "
+            f"{pipeline}: OrchWeave's trainer overlaps the reduction at PP = 1 only"
         )
 
 

@@ -247,7 +247,14 @@ class PhaseBalancedStep(BalancedStep):
                         i += 1
             self.phase_s["llm"] += self.clock.now() - start - blocked
             if not forward_only:
-                self._encoder_backward(outputs, back)
+                # With --overlap-grad-reduce (megatron.mllm.grad_overlap) the LLM's and the
+                # encoder heads' buckets reduce during the encoders' backward.
+                sync = config.grad_sync_func
+                bodies = {enc: _body_params(encoders[enc]) for enc in self.mllm.encoders}
+                if sync is not None:
+                    held = {p for ps in bodies.values() for p in ps}
+                    sync(p for p in model[0].parameters() if p not in held)
+                self._encoder_backward(outputs, back, bodies, sync)
         if not forward_only and self.feedback is not None:
             self.feedback.pending = Measured(
                 batch.iteration,
@@ -332,17 +339,22 @@ class PhaseBalancedStep(BalancedStep):
                                           dtype=config.params_dtype)  # fmt: skip
         return EncoderOutputs.start(self.dispatcher, plan, hidden, lens, not forward_only)
 
-    def _encoder_backward(self, outputs: EncoderOutputs, back) -> None:
+    def _encoder_backward(self, outputs: EncoderOutputs, back, bodies, sync) -> None:
         """Each encoder's backward where its forward ran, once the gradients of its unit
-        outputs are back (``back``: their exchange, started by the LLM loop)."""
+        outputs are back (``back``: their exchange, started by the LLM loop); then its body's
+        gradients are final (``sync``: ``config.grad_sync_func``, or None). The encoders go
+        in reverse order, as a backward does: megatron-core's buckets hold the parameters in
+        reverse model order, so each encoder's buckets are next in line when it is done."""
         grads = outputs.gradients(back)
-        for enc, g in grads.items():
+        for enc, g in reversed(list(grads.items())):
             sent = outputs.sent[enc]
             if sent.requires_grad:
                 start = self.clock.now()
                 with self.timers.span("encoder-backward", detail=enc):
                     torch.autograd.backward(sent, g)
                 self.phase_s[enc] += self.clock.now() - start
+            if sync is not None:
+                sync(bodies[enc])
 
     def _llm_microbatch(self, chosen, outputs: EncoderOutputs):
         """One LLM microbatch of ``(sample, meta, payload)``, carrying its samples' encoder
@@ -358,3 +370,9 @@ class PhaseBalancedStep(BalancedStep):
         for enc in packed.encoders:
             packed.encoder_hidden[enc] = outputs.rows(enc, [s for s, _, _ in chosen])
         return packed
+
+
+def _body_params(encoder) -> list:
+    """An encoder's parameters but its head's (the projector, which runs in the LLM
+    microbatches): those that only its backward in the encoder phase gives gradients."""
+    return [p for name, p in encoder.named_parameters() if not name.startswith("projector.")]

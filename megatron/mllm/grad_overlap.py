@@ -1,0 +1,120 @@
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Megatron's ``--overlap-grad-reduce`` for steps whose DP ranks run different modules.
+
+megatron-core's DDP starts a bucket's reduction (all-reduce, or reduce-scatter with the
+distributed optimizer) when every parameter in it has had its gradient in the last microbatch,
+counted against the counts it recorded in the first batch. In a multimodal batch that breaks
+twice: a rank whose batch holds no image computes no vision gradient, so the vision buckets
+never start (megatron-core asserts at the end of the step); and ranks that complete their
+buckets in different orders issue their collectives in different orders, which no backend
+matches.
+
+:class:`OrderedGradReduce` takes the decision from the counts to the step, which knows when a
+parameter's gradient is final:
+
+* in Megatron's own step (PP = 1), at the parameter's backward hook in the last microbatch
+  (megatron-core's hook, which calls the bucket group's ``register_grad_ready``; one backward
+  pass accumulates each parameter once);
+* in a step that runs its modules in phases (``megatron.mllm.steps.phase_balanced``), when the
+  step says so through ``config.grad_sync_func`` (megatron-core's hook for "these parameters'
+  gradients are done", which its interleaved schedule calls per model chunk): the LLM and the
+  encoders' heads after the last LLM microbatch, each encoder's body after its backward;
+* every parameter at ``finalize_model_grads``: what no hook or step declared (a module this
+  rank did not run) is final there.
+
+Buckets are reduced strictly in megatron-core's bucket order (the backward's: the buckets
+nearest the loss first), each as soon as it and every bucket before it are final. So every
+rank issues the same collectives in the same order whatever its batch holds; only when differs.
+``finalize_model_grads`` then waits for them (megatron-core's ``finish_grad_sync``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from megatron.core.distributed import DistributedDataParallel
+
+
+class OrderedGradReduce:
+    """Starts each DP gradient bucket's reduction once it, and every bucket before it, is final.
+
+    Args:
+        ddp: the model's megatron-core DDP wrapper, built with ``overlap_grad_reduce``.
+    """
+
+    def __init__(self, ddp: DistributedDataParallel):
+        if not ddp.ddp_config.overlap_grad_reduce:
+            raise ValueError("OrderedGradReduce needs a DDP built with overlap_grad_reduce")
+        self._groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
+        self._group_of = {p: i for i, g in enumerate(self._groups) for p in g.params}
+        self._pending: list[set] = []
+        self._next = 0
+        self.started_early = 0
+        """Buckets of the last finished step that started before ``finalize_model_grads``,
+        i.e. overlapped with the backward."""
+        self._reset()
+        for group in self._groups:
+            group.register_grad_ready = self._make_hook(group)
+
+    @property
+    def num_buckets(self) -> int:
+        """How many bucket groups the model's gradients are reduced in."""
+        return len(self._groups)
+
+    def _reset(self) -> None:
+        self._pending = [set(g.params) for g in self._groups]
+        self._next = 0
+
+    def _make_hook(self, group) -> Callable:
+        def register_grad_ready(param: torch.nn.Parameter, force_all_reduce: bool = False):
+            # megatron-core's backward hook calls this in every microbatch; inside no_sync
+            # (every microbatch but the last) the gradient is not final yet.
+            if group.is_last_microbatch:
+                self.mark_final([param])
+
+        return register_grad_ready
+
+    def mark_final(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Declare these parameters' gradients final for this step, and start every bucket
+        that is now complete and next in order. Parameters outside DDP's buffers (frozen ones)
+        are ignored."""
+        for p in params:
+            i = self._group_of.get(p)
+            if i is not None:
+                self._pending[i].discard(p)
+        while self._next < len(self._groups) and not self._pending[self._next]:
+            self._groups[self._next].start_grad_sync()
+            self._next += 1
+
+    def finish(self) -> None:
+        """Every gradient is final: start the buckets still waiting, in order, and get ready
+        for the next step (``finalize_model_grads`` waits for them)."""
+        self.started_early = self._next
+        for i in range(self._next, len(self._groups)):
+            self._pending[i].clear()
+        self.mark_final(())
+        self._reset()
+
+
+def install(ddp: DistributedDataParallel, config) -> OrderedGradReduce:
+    """Route megatron-core's overlapped reduction of ``ddp`` through an
+    :class:`OrderedGradReduce`: its hooks, ``config.grad_sync_func`` (the steps' "these
+    gradients are final") and ``config.finalize_model_grads_func`` (everything is final, then
+    megatron-core's finalization, which waits for the reductions).
+
+    Args:
+        ddp: the model's DDP wrapper, built with ``overlap_grad_reduce``.
+        config: the model's config, whose ``finalize_model_grads_func`` is already set.
+    """
+    ordered = OrderedGradReduce(ddp)
+    finalize = config.finalize_model_grads_func
+
+    def finalize_model_grads(*args, **kwargs):
+        ordered.finish()
+        return finalize(*args, **kwargs)
+
+    config.grad_sync_func = ordered.mark_final
+    config.finalize_model_grads_func = finalize_model_grads
+    return ordered

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 OrchWeave authors. All rights reserved.
+"""Megatron's ``--overlap-grad-reduce`` on the main job: the DP gradient reduction after the
+backward, against the same reduction in buckets started during it (``megatron.mllm.grad_overlap``).
+
+Runs the main job (2 gloo ranks, DP=2, PP=1) in both ways, interleaved in rounds whose order
+alternates (after, overlapped; overlapped, after; ...), on the same data, and prints per round
+the ratio of the median iteration times (after / overlapped) and the reduction each rank still
+waits for at the end of the backward (megatron-core's ``all-grads-sync`` timer: the wait in
+``finish_grad_sync``); then the rounds' median and spread, and SEMU's predicted ratio and wait
+for the same runs (``tools/semu.py --model cpu-main --cluster cpu-2ranks`` with the
+calibration). Both runs must learn the same: their losses are compared.
+
+The step is the per-phase balanced one (``--post-balance auto``, balancing every iteration),
+or Megatron's (``--step megatron``). megatron-core's default bucket (40M parameters) holds the
+whole tiny model, so nothing could start early: ``--bucket-size`` cuts it (default 20000
+parameters, about 20 buckets).
+
+Usage: python tools/bench/grad_overlap_cpu.py [--rounds 4] [--iters 40] [--warmup 10]
+       [--step balanced|megatron] [--bucket-size 20000] [--calibration FILE] [-- trainer flags]
+
+Ends with one line ``grad_overlap_speedup: X`` (the median of the rounds' ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+
+from cpu_runs import run_main_job
+
+from megatron.mllm.cli import semu as semu_cli
+
+STEPS = {
+    "balanced": ["--post-balance", "auto", "--post-balance-guard-interval", "0"],
+    "megatron": ["--post-balance", "none", "--pipeline-schedule", "megatron"],
+}
+WAIT = "all-grads-sync"
+"""megatron-core's timer around ``finish_grad_sync`` (in ``finalize_model_grads``)."""
+
+
+def variants(bucket_size: int) -> dict[str, list[str]]:
+    """The two runs compared: flags of each."""
+    return {
+        "after": [],
+        "overlapped": ["--overlap-grad-reduce", "--ddp-bucket-size", str(bucket_size)],
+    }
+
+
+def measure(records: list[dict], warmup: int) -> tuple[float, float]:
+    """Median iteration time and the median over iterations of the ranks' mean wait in the
+    reduction, both in ms, after the warm-up."""
+    timed = records[warmup:]
+    step = 1000 * statistics.median(r["iteration_time_s"] for r in timed)
+    wait = 1000 * statistics.median(statistics.mean(r["timers"]["seconds"][WAIT]) for r in timed)
+    return step, wait
+
+
+def predict(step: str, flags: list[str], calibration: str | None) -> tuple[float, float]:
+    """SEMU's step time and exposed DP reduction plus optimizer (ms) for one run."""
+    argv = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--json",
+            "--post-balance", "auto" if step == "balanced" else "none", *flags]  # fmt: skip
+    if calibration:
+        argv += ["--calibration", calibration]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = semu_cli.main(argv)
+    if status != 0:
+        sys.exit(err.getvalue().strip() or f"error: tools/semu.py {' '.join(argv)} failed")
+    result = json.loads(out.getvalue())
+    return 1000 * result["step_time_s"], 1000 * result["breakdown"]["allreduce_and_optimizer"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--step", choices=sorted(STEPS), default="balanced")
+    parser.add_argument("--bucket-size", type=int, default=20000)
+    parser.add_argument(
+        "--calibration",
+        default="scripts/configs/calibration-cpu.json",
+        help="SEMU's calibration for the prediction ('' for SEMU's defaults)",
+    )
+    parser.add_argument("flags", nargs="*", help="extra trainer flags (after --)")
+    args = parser.parse_args()
+    if args.rounds < 3 or args.warmup >= args.iters:
+        sys.exit("error: --rounds must be >= 3 and --warmup < --iters")
+    runs = variants(args.bucket_size)
+    base = [*STEPS[args.step], "--timing-log-level", "2", *args.flags]
+    ratios, waits, losses = [], {k: [] for k in runs}, {k: None for k in runs}
+    print(f"step: {args.step}; buckets of {args.bucket_size} parameters; {args.iters} iterations "
+          f"per run, the first {args.warmup} untimed")  # fmt: skip
+    print("| round | after: ms/iter, wait ms | overlapped: ms/iter, wait ms | ratio |")
+    print("|---|---|---|---|")
+    for r in range(args.rounds):
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        got = {}
+        for name in order:
+            records = run_main_job(name, [*base, *runs[name]], args.iters)
+            got[name] = measure(records, args.warmup)
+            waits[name].append(got[name][1])
+            final = [x["lm_loss"] for x in records]
+            if losses[name] is None:
+                losses[name] = final
+            elif losses[name] != final:
+                sys.exit(f"error: the {name} runs of two rounds learned differently")
+        ratio = got["after"][0] / got["overlapped"][0]
+        ratios.append(ratio)
+        print(f"| {r + 1} | {got['after'][0]:.1f}, {got['after'][1]:.2f} | "
+              f"{got['overlapped'][0]:.1f}, {got['overlapped'][1]:.2f} | {ratio:.3f} |")  # fmt: skip
+    diff = max(abs(a - b) / abs(b) for a, b in zip(losses["overlapped"], losses["after"]))
+    print(f"largest relative difference of the {args.iters} losses: {diff:.1e}")
+    median = statistics.median(ratios)
+    print(f"measured ratio: median {median:.3f}, spread {min(ratios):.3f}-{max(ratios):.3f}; "
+          f"wait in the reduction (median of rounds): after "
+          f"{statistics.median(waits['after']):.2f} ms, overlapped "
+          f"{statistics.median(waits['overlapped']):.2f} ms")  # fmt: skip
+    predicted = {name: predict(args.step, flags, args.calibration) for name, flags in runs.items()}
+    print(f"SEMU: after {predicted['after'][0]:.1f} ms (reduction and optimizer "
+          f"{predicted['after'][1]:.2f} ms), overlapped {predicted['overlapped'][0]:.1f} ms "
+          f"({predicted['overlapped'][1]:.2f} ms): ratio "
+          f"{predicted['after'][0] / predicted['overlapped'][0]:.3f}")  # fmt: skip
+    print(f"grad_overlap_speedup: {median:.3f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
