@@ -206,7 +206,12 @@ class PhaseBalancedStep(BalancedStep):
         no_sync = config.no_sync_func if config.no_sync_func is not None else contextlib.nullcontext
         grad = contextlib.nullcontext() if not forward_only else torch.no_grad()
         losses: list = []
-        with no_sync(), grad:
+        # As in Megatron's step, the last LLM microbatch (and here the encoders' backward after
+        # it) runs outside no_sync, so that with --overlap-grad-reduce each gradient is final
+        # at its hook (megatron.mllm.grad_overlap); until then DDP only accumulates.
+        syncing = contextlib.ExitStack()
+        syncing.enter_context(no_sync())
+        with syncing, grad:
             inputs, samples = self._exchange_inputs(plan, batch.metadata, local)
             outputs = self._encoder_phases(plan, encoders, inputs, forward_only)
             llm = plan.phase("llm")
@@ -233,6 +238,8 @@ class PhaseBalancedStep(BalancedStep):
                     if g == 2 and not forward_only:  # no remote row gets more gradient
                         back = outputs.start_gradients()
                     for k in group:
+                        if i == len(chosen) - 1:
+                            syncing.close()
                         # Built one at a time: each holds a copy of its samples' encoder rows.
                         packed = self._llm_microbatch(chosen[k], outputs)
                         output, num_tokens = forward_step(
@@ -247,8 +254,9 @@ class PhaseBalancedStep(BalancedStep):
                         i += 1
             self.phase_s["llm"] += self.clock.now() - start - blocked
             if not forward_only:
-                # With --overlap-grad-reduce (megatron.mllm.grad_overlap) the LLM's and the
-                # encoder heads' buckets reduce during the encoders' backward.
+                # With --overlap-grad-reduce (megatron.mllm.grad_overlap) what the last LLM
+                # microbatch did not reach is final now too (a head without items in it), and
+                # the LLM's and the heads' buckets reduce during the encoders' backward.
                 sync = config.grad_sync_func
                 bodies = {enc: _body_params(encoders[enc]) for enc in self.mllm.encoders}
                 if sync is not None:
