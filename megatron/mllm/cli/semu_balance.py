@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overlap-grad-reduce",
         action="store_true",
         help="Megatron's --overlap-grad-reduce: DP gradient buckets reduced during the backward "
-        "(upstream Megatron-LM baselines; OrchWeave's trainer rejects the flag)",
+        "(upstream Megatron-LM; with --post-balance, OrchWeave's per-phase step at PP = 1)",
     )
     parser.add_argument(
         "--ddp-bucket-size",
