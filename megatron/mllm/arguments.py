@@ -257,13 +257,6 @@ def check_data_parallel(args: argparse.Namespace) -> None:
     Runs before Megatron's validation, which would reject ``--use-megatron-fsdp`` on a point
     beside this one (its checkpoint format).
     """
-    if args.overlap_grad_reduce and args.pipeline_model_parallel_size > 1:
-        raise ConfigError(
-            "--overlap-grad-reduce is supported by OrchWeave with --pipeline-model-parallel-size "
-            f"1 only (got {args.pipeline_model_parallel_size}): the pipeline schedules do not yet "
-            "say when a chunk's gradients are final (gradients are reduced after the backward "
-            "instead)"
-        )
     if args.ddp_bucket_size is not None and not args.overlap_grad_reduce:
         raise ConfigError(
             "--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it (without it "

@@ -96,6 +96,11 @@ class RuntimeChunk(nn.Module):
         """The wrapped chunk."""
         return self._chunk[0]
 
+    def parameters(self, recurse: bool = True):
+        """The wrapped chunk's parameters (the runtime declares them final after the chunk's
+        last backward: ``config.grad_sync_func``)."""
+        return self.chunk.parameters(recurse)
+
     def set_input_tensor(self, tensors) -> None:
         """megatron-core's hook: this chunk's input tensors."""
         self._inputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]

@@ -263,6 +263,14 @@ class _Step:
         self.posted = 0
         self.tokens = torch.zeros([], dtype=torch.int, device=runtime.device)
         self.spans = _spans(config)
+        # megatron-core's "these gradients are final" hook (set with --overlap-grad-reduce,
+        # megatron.mllm.grad_overlap): called after each chunk's last backward on this rank.
+        self.grad_sync = None if forward_only else getattr(config, "grad_sync_func", None)
+        self.last_backward = {
+            (a.module, a.chunk): i
+            for i, a in enumerate(self.actions)
+            if isinstance(a, Compute) and a.kind is Kind.B
+        }
 
     def run(self) -> torch.Tensor:
         """Execute every action; returns this rank's count of loss tokens."""
@@ -284,6 +292,11 @@ class _Step:
             elif not self.forward_only:
                 with spans("backward-compute", 2, str(action)):
                     self._backward(action)
+                if (
+                    self.grad_sync is not None
+                    and self.last_backward[action.module, action.chunk] == i
+                ):
+                    self.grad_sync(self.rt.chunk_module(action.module, action.chunk).parameters())
         with spans("send-drain", 2):
             for comm, work, _ in self.sends:
                 self.rt.p2p.wait(work, str(comm), comm.peer)

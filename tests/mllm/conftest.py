@@ -8,6 +8,7 @@ from equivalence import FULL_SHAPES, TINY, run_configs, variable_workload
 from launch import REPO
 
 BALANCED = ["--post-balance", "auto"]
+OVERLAP = ["--overlap-grad-reduce", "--ddp-bucket-size", "4000"]
 # The dynamic pipeline with its schedule search, deterministic: a few rollouts, and a time
 # budget no loaded host reaches, so every run and resume of a batch gets the same schedule.
 SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "60000"]
@@ -111,5 +112,10 @@ def world4(tmp_path_factory, references):
         "dp4-kk-node-wise": ["--post-balance", "kk", "--node-wise-a2a", "--gpus-per-node", "2"],
         "dp2-pp2-whole-samples": [*BALANCED, "--pipeline-model-parallel-size", "2"],
         "dp2-pp2-whole-samples-dynamic": [*BALANCED, *DYNAMIC],
+        # --overlap-grad-reduce in small buckets: megatron-core's 1F1B and the runtime each
+        # declare a chunk's gradients final after its last backward (megatron.mllm.grad_overlap).
+        "dp2-pp2-whole-samples-overlap": [*BALANCED, "--pipeline-model-parallel-size", "2",
+                                          *OVERLAP],  # fmt: skip
+        "dp2-pp2-whole-samples-dynamic-overlap": [*BALANCED, *DYNAMIC, *OVERLAP],
     }
     return run_configs(tmp_path_factory.mktemp("world4"), 4, configs)

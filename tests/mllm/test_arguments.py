@@ -141,9 +141,6 @@ BAD_INPUT = [
      r"cuts the vision module into --pipeline-model-parallel-size 2 x "
      r"--vision-chunks-per-stage auto \(at least 1\) chunks, but it has only 1 layers"),
     # Sharded data parallelism: what OrchWeave's steps cannot run, before Megatron's checks.
-    (["--pipeline-model-parallel-size", "2", "--overlap-grad-reduce"], 2,
-     r"--overlap-grad-reduce is supported by OrchWeave with --pipeline-model-parallel-size 1 "
-     r"only \(got 2\)"),
     (["--ddp-bucket-size", "1000"], 2,
      r"--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it"),
     (["--use-distributed-optimizer", "--overlap-param-gather"], 2,

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.multiproc
         "dp4-kk-node-wise",
         "dp2-pp2-whole-samples",
         "dp2-pp2-whole-samples-dynamic",
+        "dp2-pp2-whole-samples-overlap",
+        "dp2-pp2-whole-samples-dynamic-overlap",
     ],
 )
 def test_balanced_runs_learn_what_one_process_learns(run, world2, world4, reference):

@@ -49,6 +49,12 @@ OVERLAPPED = {
     "overlap-distopt-balanced": [*OVERLAP, *DISTOPT, *BALANCED],
 }
 """Overlapped runs at DP=2, each also on the workload where rank 1 loads no image or audio."""
+PP2_OVERLAPPED = {
+    "overlap-pp2-megatron": [*OVERLAP, *MODES["pp2-megatron"]],
+    "overlap-pp2-dynamic": [*OVERLAP, *MODES["pp2-dynamic"]],
+}
+"""Overlapped runs at PP=2 (DP=1, one replica: the chunks' declarations; with DP=2 in
+``test_post_balance.py``)."""
 
 
 def _records(path: Path) -> list[dict]:
@@ -67,6 +73,8 @@ def runs(tmp_path_factory):
     for name, flags in OVERLAPPED.items():
         configs[name] = [*THREE, *flags]
         configs[f"variable-{name}"] = [*THREE, *variable, *flags]
+    for name, flags in PP2_OVERLAPPED.items():
+        configs[name] = [*THREE, *flags]
     # Its shards follow the small buckets; a resume continues bit for bit.
     configs["overlap-distopt-balanced"] += ["--save", str(out / "ckpt" / "overlap"),
                                             "--save-interval", "2"]  # fmt: skip
@@ -107,6 +115,7 @@ COMPARED = {
     "variable-distopt-dp2-balanced": "variable-ddp",
     **{name: "ddp" for name in OVERLAPPED},
     **{f"variable-{name}": "variable-ddp" for name in OVERLAPPED},
+    **{name: "ddp" for name in PP2_OVERLAPPED},
 }
 """Each distributed-optimizer run and the DDP run it must learn the same as."""
 
@@ -121,17 +130,20 @@ def test_distributed_optimizer_learns_what_ddp_learns(runs, name):
     assert_trains_the_same(records, _learned(runs, name), ref_records, _learned(runs, reference))
 
 
-@pytest.mark.parametrize("name", [*OVERLAPPED, *(f"variable-{n}" for n in OVERLAPPED)])
+@pytest.mark.parametrize(
+    "name", [*OVERLAPPED, *(f"variable-{n}" for n in OVERLAPPED), *PP2_OVERLAPPED]
+)
 def test_overlapped_reduction_starts_buckets_during_the_backward(runs, name):
     counts = [torch.load(runs / name / f"rank{r}.pt")["overlap"] for r in (0, 1)]
     buckets = counts[0][0]
-    assert buckets >= 4 and counts[1][0] == buckets, counts
+    # megatron-core cuts only pipeline rank 0's gradients into buckets (one on later stages).
+    assert buckets >= 4 and counts[1][0] == (1 if "pp2" in name else buckets), counts
     # Some buckets started before finalize_model_grads on every rank (so the reduction ran
     # beside the backward), and, in the balanced step, every one did: the step declares each
     # module final after its backward.
     assert all(early > 0 for _, early in counts), counts
-    if "balanced" in name:
-        assert all(early == buckets for _, early in counts), counts
+    if "balanced" in name or "dynamic" in name:  # the runtime declares each chunk after it
+        assert all(early == n for n, early in counts), counts
 
 
 def test_the_state_is_sharded_one_file_per_rank(runs):

@@ -230,10 +230,10 @@ def test_cli_full_mode_and_its_errors(capsys):
     base = ["--model", "cpu-main", "--cluster", "cpu-2ranks"]
     assert semu_cli.main(base + ["--post-balance", "auto", "--json"]) == 0
     assert "per-phase post-balancing" in capsys.readouterr().out
-    # The trainer overlaps the DP reduction of its per-phase step (PP = 1), not at PP > 1.
+    # The trainer overlaps the DP reduction in both modes, so SEMU simulates both.
     pp2 = ["--set", "pipeline-model-parallel-size=2", "--post-balance", "auto"]
-    assert semu_cli.main(base + [*pp2, "--overlap-grad-reduce"]) == 2
-    assert "--overlap-grad-reduce" in capsys.readouterr().err
+    assert semu_cli.main(base + [*pp2, "--overlap-grad-reduce", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["overlap_grad_reduce"]
     assert semu_cli.main(base + ["--post-balance", "auto", "--replicas", "1"]) == 2
     assert "--replicas" in capsys.readouterr().err
     assert semu_cli.main(base + ["--ddp-bucket-size", "100"]) == 2

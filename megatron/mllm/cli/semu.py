@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = configs.load_run_config(args.model, extra, world_size=cluster.num_devices)
         spec = semu_balance.with_sharding(loaded.semu, args)
         post_balance = loaded.run.balance.post_balance
-        semu_balance.check_flags(args, post_balance, spec.parallel.pipeline)
+        semu_balance.check_flags(args, post_balance)
         check_samples = _sample_checks(loaded.run)
         calibration = None
         if args.calibration:

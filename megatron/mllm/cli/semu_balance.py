@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overlap-grad-reduce",
         action="store_true",
         help="Megatron's --overlap-grad-reduce: DP gradient buckets reduced during the backward "
-        "(upstream Megatron-LM; with --post-balance, OrchWeave's per-phase step at PP = 1)",
+        "(upstream Megatron-LM, and OrchWeave's steps: megatron.mllm.grad_overlap)",
     )
     parser.add_argument(
         "--ddp-bucket-size",
@@ -96,11 +96,9 @@ def balance_flags(
     return flags
 
 
-def check_flags(args: argparse.Namespace, post_balance: str, pipeline: int) -> None:
+def check_flags(args: argparse.Namespace, post_balance: str) -> None:
     """Raises ConfigError: ``--replicas`` with post-balancing (its replicas differ: all are
-    simulated), or ``--overlap-grad-reduce`` with it at PP > 1 (``pipeline``), which the
-    trainer does not run (at PP = 1 its per-phase step overlaps the reduction with the
-    encoders' backward: ``megatron.mllm.grad_overlap``)."""
+    simulated), or ``--pad packed`` with it (the baseline's own packing)."""
     if args.replicas is not None and post_balance != "none":
         raise ConfigError(
             f"--replicas: --post-balance {post_balance} gives every DP replica other samples, "
@@ -110,11 +108,6 @@ def check_flags(args: argparse.Namespace, post_balance: str, pipeline: int) -> N
         raise ConfigError(
             f"--pad packed is the Megatron baseline's offline packing; --post-balance "
             f"{post_balance} forms its own microbatches (use --pad megatron or none)"
-        )
-    if args.overlap_grad_reduce and post_balance != "none" and pipeline > 1:
-        raise ConfigError(
-            "--overlap-grad-reduce with --post-balance at --pipeline-model-parallel-size "
-            f"{pipeline}: OrchWeave's trainer overlaps the reduction at PP = 1 only"
         )
 
 
