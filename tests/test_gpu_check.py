@@ -44,10 +44,11 @@ def test_dry_run_runs_every_stage_and_writes_every_field(tmp_path):
     # The cuda tests ran on the CPU: fp32 training modes and every attention case passed; bf16
     # training skipped with its reason.
     tests = obj["tests"]
-    assert tests["failed"] == 0 and tests["passed"] == 6 and tests["skipped"] == 2, tests
+    assert tests["failed"] == 0 and tests["passed"] == 7 and tests["skipped"] == 3, tests
     skipped = [c for c in tests["cases"] if c["outcome"] == "skipped"]
     assert all("bf16" in c["name"] and "CUDA" in c["reason"] for c in skipped)
-    assert set(obj["training"]) == {"pp1-dp1/fp32", "pp1-dp1-post-balance/fp32"}
+    assert set(obj["training"]) == {
+        "pp1-dp1/fp32", "pp1-dp1-post-balance/fp32", "pp1-dp1-post-balance-overlap/fp32"}  # fmt: skip
     for rec in obj["training"].values():
         assert rec["within_tolerance"] and rec["audit"]["clean"] and rec["device"] == "cpu"
     assert {k for k in obj["attention"] if k != "timing_ms"} == {

@@ -14,7 +14,7 @@ import torch
 
 pytestmark = pytest.mark.cuda
 
-MODES = ("pp1-dp1", "pp1-dp1-post-balance")
+MODES = ("pp1-dp1", "pp1-dp1-post-balance", "pp1-dp1-post-balance-overlap")
 """megatron.mllm.gpu_check.modes.MODES, named here for collection."""
 
 

@@ -47,7 +47,15 @@ TINY = [
 ]  # fmt: skip
 """A tiny model on the default workload: every module (vision, audio, LLM) gets work."""
 
-MODES = {"pp1-dp1": [], "pp1-dp1-post-balance": ["--post-balance", "auto"]}
+MODES = {
+    "pp1-dp1": [],
+    "pp1-dp1-post-balance": ["--post-balance", "auto"],
+    # The overlapped reduction's asynchronous path (megatron.mllm.grad_overlap) on the device's
+    # backend, in buckets small enough for the tiny model to have several.
+    "pp1-dp1-post-balance-overlap": [
+        "--post-balance", "auto", "--overlap-grad-reduce", "--ddp-bucket-size", "20000",
+    ],
+}  # fmt: skip
 """The single-process modes and their flags."""
 
 NO_SINGLE_PROCESS_FORM = {
