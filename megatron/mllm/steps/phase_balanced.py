@@ -257,9 +257,9 @@ class PhaseBalancedStep(BalancedStep):
                 # With --overlap-grad-reduce (megatron.mllm.grad_overlap) what the last LLM
                 # microbatch did not reach is final now too (a head without items in it), and
                 # the LLM's and the heads' buckets reduce during the encoders' backward.
-                sync = config.grad_sync_func
-                bodies = {enc: _body_params(encoders[enc]) for enc in self.mllm.encoders}
+                sync, bodies = config.grad_sync_func, {}
                 if sync is not None:
+                    bodies = {enc: _body_params(encoders[enc]) for enc in self.mllm.encoders}
                     held = {p for ps in bodies.values() for p in ps}
                     sync(p for p in model[0].parameters() if p not in held)
                 self._encoder_backward(outputs, back, bodies, sync)
