@@ -266,11 +266,15 @@ class _Step:
         # megatron-core's "these gradients are final" hook (set with --overlap-grad-reduce,
         # megatron.mllm.grad_overlap): called after each chunk's last backward on this rank.
         self.grad_sync = None if forward_only else getattr(config, "grad_sync_func", None)
-        self.last_backward = {
-            (a.module, a.chunk): i
-            for i, a in enumerate(self.actions)
-            if isinstance(a, Compute) and a.kind is Kind.B
-        }
+        self.last_backward = (
+            {}
+            if self.grad_sync is None
+            else {
+                (a.module, a.chunk): i
+                for i, a in enumerate(self.actions)
+                if isinstance(a, Compute) and a.kind is Kind.B
+            }
+        )
 
     def run(self) -> torch.Tensor:
         """Execute every action; returns this rank's count of loss tokens."""
