@@ -67,6 +67,10 @@ HSDP = "orchweave-pp1-per-phase-hsdp-mb32-recompute"
 PP1 = ["--set", "pipeline-model-parallel-size=1", "--post-balance", "auto"]
 """OrchWeave's per-phase mode (OrchMLLM's setting): PP = 1, every phase balanced over DP."""
 
+OVERLAP = ["--overlap-grad-reduce"]
+"""Megatron's overlapped DP reduction, which the trainer runs in every mode (as the Megatron
+cases do; Megatron-FSDP overlaps its own per-layer collectives)."""
+
 LAYER_RC = ["--set", "recompute-granularity=full", "--set", "recompute-method=uniform", "--set",
             "recompute-num-layers=1"]  # fmt: skip
 """Megatron's per-layer full recompute (each layer's input kept, its forward rerun): what a case
@@ -77,14 +81,14 @@ CASES = {
     "megatron-padded": ["--overlap-grad-reduce"],
     "megatron-packed": ["--pad", "packed", "--overlap-grad-reduce"],
     STRONG: ["--pad", "packed", "--placement", "balanced", "--overlap-grad-reduce"],
-    "orchweave-pp4-dynamic": ["--post-balance", "auto", "--schedule", "dynamic", "--pad", "none"],
+    "orchweave-pp4-dynamic": ["--post-balance", "auto", "--schedule", "dynamic", "--pad", "none",
+                              *OVERLAP],  # fmt: skip
     "orchweave-pp4-dynamic-recompute": ["--post-balance", "auto", "--schedule", "dynamic", "--pad",
-                                        "none"],  # fmt: skip
-    "orchweave-pp1-per-phase": ["--set", "pipeline-model-parallel-size=1", "--post-balance",
-                                "auto"],  # fmt: skip
+                                        "none", *OVERLAP],  # fmt: skip
+    "orchweave-pp1-per-phase": [*PP1, *OVERLAP],
     "orchweave-pp1-per-phase-fsdp": [*PP1, "--data-parallel-sharding-strategy",
                                      "optim_grads_params"],  # fmt: skip
-    "orchweave-pp1-per-phase-mb32-recompute": [*PP1, "--set", "micro-batch-size=32"],
+    "orchweave-pp1-per-phase-mb32-recompute": [*PP1, "--set", "micro-batch-size=32", *OVERLAP],
     "orchweave-pp1-per-phase-fsdp-mb32-recompute": [
         *PP1, "--data-parallel-sharding-strategy", "optim_grads_params", "--set",
         "micro-batch-size=32",
