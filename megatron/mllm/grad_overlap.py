@@ -57,6 +57,11 @@ class OrderedGradReduce:
         self._reset()
         for group in self._groups:
             group.register_grad_ready = self._make_hook(group)
+            # megatron-core's first batch counts the hooks and starts every bucket in
+            # finish_grad_sync; here the buckets have always started by then, and a second start
+            # (its synchronous path with several optimizer instances has no handle to detect it)
+            # would reduce them twice.
+            group.is_first_batch = False
 
     @property
     def num_buckets(self) -> int:

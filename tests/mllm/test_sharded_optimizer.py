@@ -47,6 +47,8 @@ OVERLAPPED = {
     "overlap-ddp": OVERLAP,
     "overlap-ddp-balanced": [*OVERLAP, *BALANCED],
     "overlap-distopt-balanced": [*OVERLAP, *DISTOPT, *BALANCED],
+    # megatron-core reduces synchronously across the copies, each bucket exactly once.
+    "overlap-distopt-two-instances": [*OVERLAP, *DISTOPT, *MODES["dp2-two-instances"]],
 }
 """Overlapped runs at DP=2, each also on the workload where rank 1 loads no image or audio."""
 PP2_OVERLAPPED = {
