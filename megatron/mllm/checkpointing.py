@@ -56,8 +56,16 @@ logger = logging.getLogger(__name__)
 TRACKER = "latest_checkpointed_iteration.txt"
 MANIFEST = "manifest.json"
 _ITERATION_DIR = re.compile(r"iter_(\d+)$")
-_MANIFEST_LAYOUT = ("tp", "pp", "dp", "distributed_optimizer", "optimizer_instances")
-"""What a manifest records of the saving run's layout (older ones lack the optimizer's)."""
+_MANIFEST_LAYOUT = (
+    "tp",
+    "pp",
+    "dp",
+    "distributed_optimizer",
+    "optimizer_instances",
+    "grad_buckets",
+)
+"""What a manifest records of the saving run's layout (older ones lack the optimizer's and the
+buckets': one bucket, no --overlap-grad-reduce)."""
 
 
 class CheckpointError(RuntimeError):
@@ -312,9 +320,15 @@ class Checkpoint:
 
     @property
     def layout(self) -> dict[str, int]:
-        """The saving run's ``tp``, ``pp`` and ``dp`` sizes, ``distributed_optimizer`` and
-        ``optimizer_instances`` (``--num-distributed-optimizer-instances``)."""
-        return {"distributed_optimizer": False, "optimizer_instances": 1, **self.manifest["layout"]}
+        """The saving run's ``tp``, ``pp`` and ``dp`` sizes, ``distributed_optimizer``,
+        ``optimizer_instances`` (``--num-distributed-optimizer-instances``) and
+        ``grad_buckets`` (``--ddp-bucket-size`` with ``--overlap-grad-reduce``, else None)."""
+        return {
+            "distributed_optimizer": False,
+            "optimizer_instances": 1,
+            "grad_buckets": None,
+            **self.manifest["layout"],
+        }
 
     def path(self, relative: str) -> str:
         """A file's path from its name in the manifest."""

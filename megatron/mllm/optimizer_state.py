@@ -27,7 +27,7 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
 
     Args:
         saved: the saving run's layout (``dp``, ``distributed_optimizer``,
-            ``optimizer_instances``).
+            ``optimizer_instances``, ``grad_buckets``).
         layout: this run's.
     """
     mine, theirs = layout["distributed_optimizer"], saved["distributed_optimizer"]
@@ -45,6 +45,14 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
             "saved count (the shards are not resharded), or pass --no-load-optim to keep only "
             "the model"
         )
+    buckets, saved_buckets = layout["grad_buckets"], saved["grad_buckets"]
+    if mine and saved_buckets != buckets:
+        return (
+            f"holds the distributed optimizer's shards cut in {_buckets(saved_buckets)}; this "
+            f"run cuts them in {_buckets(buckets)}: resume with the saved --overlap-grad-reduce "
+            "and --ddp-bucket-size (the shards are not resharded), or pass --no-load-optim to "
+            "keep only the model"
+        )
     if mine and saved["dp"] != layout["dp"]:
         return (
             f"holds the distributed optimizer's shards of {saved['dp']} data-parallel ranks; "
@@ -52,6 +60,12 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
             "are not resharded), or pass --no-load-optim to keep only the model"
         )
     return None
+
+
+def _buckets(size: int | None) -> str:
+    return (
+        "one bucket (no --overlap-grad-reduce)" if size is None else f"buckets of {size} parameters"
+    )
 
 
 def optimizer_parts(optimizer) -> list:

@@ -309,6 +309,8 @@ class Trainer:
             "chunks": self.model.layout(),
             "distributed_optimizer": bool(self.run.ddp.use_distributed_optimizer),
             "optimizer_instances": int(self.run.ddp.num_distributed_optimizer_instances),
+            # The distributed optimizer's shards follow the gradient buckets.
+            "grad_buckets": self.run.ddp.bucket_size if self.run.ddp.overlap_grad_reduce else None,
         }
 
     # ----------------------------------------------------------------------------- step

@@ -80,6 +80,9 @@ def runs(tmp_path_factory):
     # Its shards follow the small buckets; a resume continues bit for bit.
     configs["overlap-distopt-balanced"] += ["--save", str(out / "ckpt" / "overlap"),
                                             "--save-interval", "2"]  # fmt: skip
+    # The same checkpoint into a run whose buckets differ: refused before any shard is read.
+    configs["one-bucket-loads-overlap"] = [*THREE, *DISTOPT, *BALANCED, "--load",
+                                           str(out / "ckpt" / "overlap"), "--ckpt-step", "2"]  # fmt: skip
     configs["overlap-distopt-balanced-resumed"] = [
         *THREE, *OVERLAPPED["overlap-distopt-balanced"], "--load", str(out / "ckpt" / "overlap"),
         "--ckpt-step", "2",
@@ -152,7 +155,7 @@ def test_the_state_is_sharded_one_file_per_rank(runs):
     directory = runs / "ckpt" / "dp2" / "iter_0000002"
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["layout"] == {"tp": 1, "pp": 1, "dp": 2, "distributed_optimizer": True,
-                                  "optimizer_instances": 1}  # fmt: skip
+                                  "optimizer_instances": 1, "grad_buckets": None}  # fmt: skip
     sizes = _shard_sizes(directory)
     # Each rank holds about half of the main parameters and moments, not a replica.
     total = sum(p.numel() for p in torch.load(runs / "ddp" / "rank0.pt")["params"].values())
@@ -212,3 +215,14 @@ def test_a_resume_with_another_optimizer_layout_is_refused_on_every_rank(runs, n
     messages = [(runs / f"{name}.rank{r}.error").read_text() for r in (0, 1)]
     assert messages[0] == messages[1]
     assert messages[0] == f"{runs}/ckpt/dp2/iter_0000002 {REFUSED[name]}"
+
+
+def test_a_resume_with_other_gradient_buckets_is_refused_on_every_rank(runs):
+    messages = [(runs / f"one-bucket-loads-overlap.rank{r}.error").read_text() for r in (0, 1)]
+    assert messages[0] == messages[1]
+    assert messages[0] == (
+        f"{runs}/ckpt/overlap/iter_0000002 holds the distributed optimizer's shards cut in "
+        "buckets of 4000 parameters; this run cuts them in one bucket (no --overlap-grad-reduce): "
+        "resume with the saved --overlap-grad-reduce and --ddp-bucket-size (the shards are not "
+        "resharded), or pass --no-load-optim to keep only the model"
+    )
