@@ -12,13 +12,15 @@ matches.
 :class:`OrderedGradReduce` takes the decision from the counts to the step, which knows when a
 parameter's gradient is final:
 
-* in Megatron's own step (PP = 1), at the parameter's backward hook in the last microbatch
+* at the parameter's backward hook in a step's last microbatch, outside ``no_sync``
   (megatron-core's hook, which calls the bucket group's ``register_grad_ready``; one backward
-  pass accumulates each parameter once);
-* in a step that runs its modules in phases (``megatron.mllm.steps.phase_balanced``), when the
-  step says so through ``config.grad_sync_func`` (megatron-core's hook for "these parameters'
-  gradients are done", which its interleaved schedule calls per model chunk): the LLM and the
-  encoders' heads after the last LLM microbatch, each encoder's body after its backward;
+  pass accumulates each parameter once): Megatron's steps, and the per-phase balanced step
+  (``megatron.mllm.steps.phase_balanced``), whose last LLM microbatch and encoders' backward
+  run outside ``no_sync``;
+* where a step says so through ``config.grad_sync_func`` (megatron-core's hook for "these
+  parameters' gradients are done", which its 1F1B schedules call): the balanced step after its
+  LLM loop and after each encoder's backward, for what those did not reach; the pipeline
+  runtime after each chunk's last backward on its rank;
 * every parameter at ``finalize_model_grads``: what no hook or step declared (a module this
   rank did not run) is final there.
 
