@@ -5,9 +5,10 @@ backward, against the same reduction in buckets started during it (``megatron.ml
 
 Runs the main job (2 gloo ranks, DP=2, PP=1) in both ways, interleaved in rounds whose order
 alternates (after, overlapped; overlapped, after; ...), on the same data, and prints per round
-the ratio of the median iteration times (after / overlapped) and the reduction each rank still
+the ratio of the median iteration times (after / overlapped), the reduction each rank still
 waits for at the end of the backward (megatron-core's ``all-grads-sync`` timer: the wait in
-``finish_grad_sync``); then the rounds' median and spread, and SEMU's predicted ratio and wait
+``finish_grad_sync``) and each rank's compute (:data:`COMPUTE`: where a reduction running
+beside the compute costs it); then the rounds' median and spread, and SEMU's predicted ratio and wait
 for the same runs (``tools/semu.py --model cpu-main --cluster cpu-2ranks`` with the
 calibration). Both runs must learn the same: their losses are compared (the balanced step's
 plans follow measured times, so its runs may differ in round-off).
@@ -43,6 +44,9 @@ STEPS = {
 }
 WAIT = "all-grads-sync"
 """megatron-core's timer around ``finish_grad_sync`` (in ``finalize_model_grads``)."""
+COMPUTE = ("forward-compute", "backward-compute", "encoder-forward", "encoder-backward")
+"""The timers of the step's computes (the balanced step's encoders run outside megatron-core's
+forward and backward steps): what the reduction beside them costs shows there."""
 
 
 def variants(bucket_size: int) -> dict[str, list[str]]:
@@ -53,13 +57,19 @@ def variants(bucket_size: int) -> dict[str, list[str]]:
     }
 
 
-def measure(records: list[dict], warmup: int) -> tuple[float, float]:
-    """Median iteration time and the median over iterations of the ranks' mean wait in the
-    reduction, both in ms, after the warm-up."""
+def measure(records: list[dict], warmup: int) -> tuple[float, float, float]:
+    """Median iteration time, and medians over iterations of the ranks' mean wait in the
+    reduction and of their mean compute, all in ms, after the warm-up."""
     timed = records[warmup:]
     step = 1000 * statistics.median(r["iteration_time_s"] for r in timed)
     wait = 1000 * statistics.median(statistics.mean(r["timers"]["seconds"][WAIT]) for r in timed)
-    return step, wait
+
+    def compute(record: dict) -> float:
+        seconds = record["timers"]["seconds"]
+        per_rank = zip(*(seconds[t] for t in COMPUTE if t in seconds))
+        return statistics.mean(sum(ranks) for ranks in per_rank)
+
+    return step, wait, 1000 * statistics.median(compute(r) for r in timed)
 
 
 def predict(step: str, flags: list[str], calibration: str | None) -> tuple[float, float]:
@@ -95,10 +105,12 @@ def main() -> None:
         sys.exit("error: --rounds must be >= 3 and --warmup < --iters")
     runs = variants(args.bucket_size)
     base = [*STEPS[args.step], "--timing-log-level", "2", *args.flags]
-    ratios, waits, diffs = [], {k: [] for k in runs}, []
+    ratios, waits, computes, diffs = [], {k: [] for k in runs}, {k: [] for k in runs}, []
     print(f"step: {args.step}; buckets of {args.bucket_size} parameters; {args.iters} iterations "
           f"per run, the first {args.warmup} untimed")  # fmt: skip
-    print("| round | after: ms/iter, wait ms | overlapped: ms/iter, wait ms | ratio |")
+    print(
+        "| round | after: ms/iter, wait, compute ms | overlapped: ms/iter, wait, compute ms | ratio |"
+    )
     print("|---|---|---|---|")
     for r in range(args.rounds):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))
@@ -107,14 +119,15 @@ def main() -> None:
             records = run_main_job(name, [*base, *runs[name]], args.iters)
             got[name] = measure(records, args.warmup)
             waits[name].append(got[name][1])
+            computes[name].append(got[name][2])
             losses[name] = [x["lm_loss"] for x in records]
         diffs.append(
             max(abs(a - b) / abs(b) for a, b in zip(losses["overlapped"], losses["after"]))
         )
         ratio = got["after"][0] / got["overlapped"][0]
         ratios.append(ratio)
-        print(f"| {r + 1} | {got['after'][0]:.1f}, {got['after'][1]:.2f} | "
-              f"{got['overlapped'][0]:.1f}, {got['overlapped'][1]:.2f} | {ratio:.3f} |")  # fmt: skip
+        cells = {k: ", ".join(f"{x:.1f}" for x in v) for k, v in got.items()}
+        print(f"| {r + 1} | {cells['after']} | {cells['overlapped']} | {ratio:.3f} |")
     # The balanced step's plans follow its measured times (the online cost fit), so two runs
     # may form other microbatches and differ in round-off; Megatron's step must not differ.
     print(f"largest relative difference of a round's {args.iters} losses: {max(diffs):.1e}")
@@ -122,7 +135,9 @@ def main() -> None:
     print(f"measured ratio: median {median:.3f}, spread {min(ratios):.3f}-{max(ratios):.3f}; "
           f"wait in the reduction (median of rounds): after "
           f"{statistics.median(waits['after']):.2f} ms, overlapped "
-          f"{statistics.median(waits['overlapped']):.2f} ms")  # fmt: skip
+          f"{statistics.median(waits['overlapped']):.2f} ms; compute per rank: after "
+          f"{statistics.median(computes['after']):.1f} ms, overlapped "
+          f"{statistics.median(computes['overlapped']):.1f} ms")  # fmt: skip
     predicted = {name: predict(args.step, flags, args.calibration) for name, flags in runs.items()}
     print(f"SEMU: after {predicted['after'][0]:.1f} ms (reduction and optimizer "
           f"{predicted['after'][1]:.2f} ms), overlapped {predicted['overlapped'][0]:.1f} ms "
