@@ -262,14 +262,6 @@ def check_data_parallel(args: argparse.Namespace) -> None:
             "--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it (without it "
             "the gradients are reduced in one bucket after the backward)"
         )
-    if args.overlap_param_gather:
-        raise ConfigError(
-            "--overlap-param-gather is not supported by OrchWeave: megatron-core gathers a "
-            "bucket's updated parameters in the forward pre-hook of its first module, and a "
-            "rank whose batch holds no image (or audio) runs no forward of that encoder, so "
-            "its gathers would never be waited for (the parameters are gathered after the "
-            "optimizer step instead)"
-        )
     if args.use_megatron_fsdp:
         raise ConfigError(FSDP_UNSUPPORTED)
 

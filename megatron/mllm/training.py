@@ -34,7 +34,14 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
-from megatron.mllm import checkpointing, data_state, distributed, grad_overlap, logs  # noqa: E402
+from megatron.mllm import (  # noqa: E402
+    checkpointing,
+    data_state,
+    distributed,
+    grad_overlap,
+    logs,
+    param_gather,
+)
 from megatron.mllm.arguments import (  # noqa: E402
     ConfigError,
     check_tensor_parallel,
@@ -252,6 +259,9 @@ class Trainer:
         self.grad_reduce = None
         if run.ddp.overlap_grad_reduce:
             self.grad_reduce = grad_overlap.install(self.ddp_model, config)
+        self.param_gather = None
+        if run.ddp.overlap_param_gather:
+            self.param_gather = param_gather.OrderedParamGather(self.ddp_model)
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -341,7 +351,12 @@ class Trainer:
         """One iteration: data, forward/backward, optimizer and scheduler step."""
         losses, batch = self.forward_backward(iteration)
         with self.timers("optimizer", log_level=1):
+            if self.param_gather is not None:
+                self.param_gather.finish()
             update_successful, grad_norm, _ = self.optimizer.step()
+            if self.param_gather is not None:
+                # Overlapped with the next iteration's data and forward.
+                self.param_gather.start()
             if update_successful:
                 self.scheduler.step(increment=self.run.global_batch_size)
         loss_sum = loss_tokens = None
@@ -352,6 +367,12 @@ class Trainer:
                 loss_sum, loss_tokens = float(total[0]), float(total[1])
         grad_norm = None if grad_norm is None else float(grad_norm)
         return IterationResult(loss_sum, loss_tokens, grad_norm, update_successful, batch)
+
+    def gather_params(self) -> None:
+        """With ``--overlap-param-gather``, wait for the parameters' all-gathers still in
+        flight since the last optimizer step: the parameters are whole after it."""
+        if self.param_gather is not None:
+            self.param_gather.wait()
 
     def main_grads(self) -> dict[str, torch.Tensor]:
         """This rank's gradients after finalize_model_grads, by layout-independent name."""
@@ -424,7 +445,10 @@ class Trainer:
     def train(self) -> list[IterationResult]:
         """Train until ``--train-iters``, logging and checkpointing like Megatron-LM."""
         try:
-            return self._train()
+            results = self._train()
+            # The parameters are whole when training returns (for whoever reads them next).
+            self.gather_params()
+            return results
         finally:
             self.step.close()
             self.writers.close()
@@ -465,6 +489,7 @@ class Trainer:
     def save(self) -> None:
         """Save a checkpoint of the current iteration under ``--save``."""
         root = self.run.checkpoint.save
+        self.gather_params()
         directory = checkpointing.save_checkpoint(
             root, self.iteration, self.ddp_model, self.optimizer, self.scheduler, self.layout,
             self.ranks, step_state=self.step.state_dict(), data=self.data_source,
@@ -496,9 +521,11 @@ class Trainer:
             print(
                 f"> overlapped gradient reduction: {self.grad_reduce.num_buckets} buckets of "
                 f"{run.ddp.bucket_size} parameters (--ddp-bucket-size), each started in order "
-                "once its gradients are final",
+                "once its gradients are final"
+                + ("; their parameters all-gathered after the optimizer step, each waited for by "
+                   "its first forward (--overlap-param-gather)" if self.param_gather else ""),
                 flush=True,
-            )
+            )  # fmt: skip
         if self.partition is not None:
             auto = ", ".join(f"{flag} auto" for flag in run.pipeline.auto_flags)
             print(f"> OrchWeave partitioner ({auto}):", flush=True)

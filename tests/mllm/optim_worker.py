@@ -8,7 +8,8 @@ global name). With the distributed optimizer a DP rank's gradient buffers hold t
 gradients of its own slice only, so the slices are gathered first: every rank then has what
 DDP's all-reduce leaves. A configuration whose trainer refuses its checkpoint writes each
 rank's message to ``OUT_DIR/NAME.rank{R}.error`` instead. With ``--overlap-grad-reduce`` the
-file also holds the bucket count and how many buckets started early in the last step.
+file also holds the bucket count and how many buckets started early in the last step, and
+with ``--overlap-param-gather`` how many of its gathers a forward waited for.
 """
 
 import os
@@ -48,7 +49,7 @@ def main() -> None:
         trainer.train()
         gather_reduced_grads(trainer)
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-        overlap = trainer.grad_reduce
+        overlap, gather = trainer.grad_reduce, trainer.param_gather
         torch.save(
             {
                 "grads": trainer.main_grads(),
@@ -58,6 +59,11 @@ def main() -> None:
                 # the last step's backward.
                 "overlap": (
                     None if overlap is None else (overlap.num_buckets, overlap.started_early)
+                ),
+                # --overlap-param-gather: the buckets, and how many of the last step's gathers
+                # a forward waited for.
+                "param_gather": (
+                    None if gather is None else (gather.num_buckets, gather.waited_in_forward)
                 ),
             },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),

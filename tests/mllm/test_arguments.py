@@ -143,9 +143,12 @@ BAD_INPUT = [
     # Sharded data parallelism: what OrchWeave's steps cannot run, before Megatron's checks.
     (["--ddp-bucket-size", "1000"], 2,
      r"--ddp-bucket-size sizes the buckets of --overlap-grad-reduce: add it"),
+    # --overlap-param-gather runs as in Megatron: with both of these (Megatron's own checks).
     (["--use-distributed-optimizer", "--overlap-param-gather"], 2,
-     r"--overlap-param-gather is not supported by OrchWeave: .* a rank whose batch holds no "
-     r"image \(or audio\) runs no forward of that encoder"),
+     r"Megatron's argument validation failed: Must use --overlap-param-gather with "
+     r"--overlap-grad-reduce"),
+    (["--overlap-grad-reduce", "--overlap-param-gather"], 2,
+     r"--overlap-param-gather only supported with distributed optimizer"),
     (["--use-megatron-fsdp"], 2,
      r"--use-megatron-fsdp is not supported by OrchWeave: megatron-core 0\.19\.2's "
      r"Megatron-FSDP builds its device mesh without pipeline stages"),

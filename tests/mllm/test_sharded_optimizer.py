@@ -10,7 +10,10 @@ with the runtime's dynamic schedule; resumes from iteration 2 of three of them, 
 alone (``--no-load-optim``); a resume with the other optimizer, which must be refused; and
 overlapped reduction in small buckets (PP = 1: Megatron's step and the balanced one, with DDP and
 the distributed optimizer, also where rank 1 loads no image and no audio, so its encoder buckets
-are complete only at the end while rank 0 completes them in its backward).
+are complete only at the end while rank 0 completes them in its backward); and the same with the
+parameters' all-gathers overlapped too (``--overlap-param-gather``), where rank 1's forward never
+waits for its encoders' gathers. A second launch of 4 processes runs both overlaps at DP=2 x PP=2
+with whole-sample balancing, under megatron-core's 1F1B and the runtime's ``dynamic``.
 """
 
 from __future__ import annotations
@@ -43,17 +46,22 @@ RESUMED = ("dp2", "dp2-balanced", "pp2-dynamic", "dp2-two-instances")
 OVERLAP = ["--overlap-grad-reduce", "--ddp-bucket-size", "4000"]
 """Overlapped reduction in buckets small enough for the tiny model to have many."""
 BALANCED = ["--post-balance", "auto"]
+GATHER = [*OVERLAP, *DISTOPT, "--overlap-param-gather"]
+"""The distributed optimizer with Megatron's usual overlaps: gradients and parameters."""
 OVERLAPPED = {
     "overlap-ddp": OVERLAP,
     "overlap-ddp-balanced": [*OVERLAP, *BALANCED],
     "overlap-distopt-balanced": [*OVERLAP, *DISTOPT, *BALANCED],
     # megatron-core reduces synchronously across the copies, each bucket exactly once.
     "overlap-distopt-two-instances": [*OVERLAP, *DISTOPT, *MODES["dp2-two-instances"]],
+    "gather-distopt": GATHER,
+    "gather-distopt-balanced": [*GATHER, *BALANCED],
 }
 """Overlapped runs at DP=2, each also on the workload where rank 1 loads no image or audio."""
 PP2_OVERLAPPED = {
     "overlap-pp2-megatron": [*OVERLAP, *MODES["pp2-megatron"]],
     "overlap-pp2-dynamic": [*OVERLAP, *MODES["pp2-dynamic"]],
+    "gather-pp2-dynamic": [*GATHER, *MODES["pp2-dynamic"]],
 }
 """Overlapped runs at PP=2 (DP=1, one replica: the chunks' declarations; with DP=2 in
 ``test_post_balance.py``)."""
@@ -87,6 +95,13 @@ def runs(tmp_path_factory):
         *THREE, *OVERLAPPED["overlap-distopt-balanced"], "--load", str(out / "ckpt" / "overlap"),
         "--ckpt-step", "2",
     ]  # fmt: skip
+    # Saved between a step's dispatched gathers and the next forward: after waiting for them.
+    configs["gather-distopt-balanced"] += ["--save", str(out / "ckpt" / "gather"),
+                                           "--save-interval", "2"]  # fmt: skip
+    configs["gather-distopt-balanced-resumed"] = [
+        *THREE, *OVERLAPPED["gather-distopt-balanced"], "--load", str(out / "ckpt" / "gather"),
+        "--ckpt-step", "2",
+    ]  # fmt: skip
     for mode in RESUMED:
         load = ["--load", str(out / "ckpt" / mode), "--ckpt-step", "2"]
         configs[f"distopt-{mode}-resumed"] = [*THREE, *DISTOPT, *MODES[mode], *load]
@@ -102,14 +117,32 @@ def runs(tmp_path_factory):
     return out
 
 
-def _merged(out: Path, name: str):
-    return merge([torch.load(out / name / f"rank{r}.pt") for r in (0, 1)])
+WORLD4 = {
+    "gather-dp2-pp2-balanced": [*GATHER, *BALANCED, *PP2],
+    "gather-dp2-pp2-balanced-dynamic": [*GATHER, *BALANCED, *MODES["pp2-dynamic"]],
+}
+"""DP=2 x PP=2 (4 processes): whole-sample balancing with megatron-core's 1F1B and the runtime,
+with both overlaps, where every stage gathers its parameters over its DP pair."""
 
 
-def _learned(out: Path, name: str):
+@pytest.fixture(scope="module")
+def world4_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("optim4")
+    argv = [str(out)]
+    for name, flags in WORLD4.items():
+        argv += [name, *TINY, *THREE, *flags, "---"]
+    check(torchrun(4, OPTIM_WORKER, argv, timeout=600))
+    return out
+
+
+def _merged(out: Path, name: str, nproc: int = 2):
+    return merge([torch.load(out / name / f"rank{r}.pt") for r in range(nproc)])
+
+
+def _learned(out: Path, name: str, nproc: int = 2):
     """Last gradients and final parameters, without the key biases (round-off only, see
     ``equivalence.without_key_biases``)."""
-    grads, params, _ = _merged(out, name)
+    grads, params, _ = _merged(out, name, nproc)
     grads, _ = without_key_biases(grads, HEADS, HEADS)
     params, _ = without_key_biases(params, HEADS, HEADS)
     return grads, params
@@ -151,6 +184,45 @@ def test_overlapped_reduction_starts_buckets_during_the_backward(runs, name):
         assert all(early == n for n, early in counts), counts
 
 
+GATHERED = [
+    name for name in [*OVERLAPPED, *(f"variable-{n}" for n in OVERLAPPED), *PP2_OVERLAPPED]
+    if "gather" in name
+]  # fmt: skip
+"""The runs with ``--overlap-param-gather``."""
+
+
+@pytest.mark.parametrize("name", GATHERED)
+def test_overlapped_param_gather_is_waited_for_in_the_forward(runs, name):
+    counts = [torch.load(runs / name / f"rank{r}.pt")["param_gather"] for r in (0, 1)]
+    grads = [torch.load(runs / name / f"rank{r}.pt")["overlap"][0] for r in (0, 1)]
+    assert [n for n, _ in counts] == grads, counts  # as many buckets as the gradients have
+    if name == "gather-distopt-balanced":
+        # It saved a checkpoint before the last step, and waited for every gather to save the
+        # whole parameters: none was left for that step's forward.
+        assert all(waited == 0 for _, waited in counts), counts
+        return
+    # In the last step every rank waited for some of the gathers in a forward pre-hook, so
+    # they ran beside the earlier layers' compute.
+    assert all(0 < waited for _, waited in counts), counts
+    if name == "variable-gather-distopt":
+        # Rank 1's batch holds no image and no audio: its encoders' gathers were waited for
+        # at the end of the step, where megatron-core's own lazy dispatch would have
+        # mismatched the ranks' collectives.
+        (n0, waited0), (n1, waited1) = counts
+        assert waited0 == n0 and waited1 < n1, counts
+
+
+@pytest.mark.parametrize("name", list(WORLD4))
+def test_dp2_pp2_with_overlapped_gathers_learns_what_ddp_learns(runs, world4_runs, name):
+    records = _records(world4_runs / f"{name}.jsonl")
+    assert len(records) == 3
+    assert_trains_the_same(
+        records, _learned(world4_runs, name, 4), _records(runs / "ddp.jsonl"), _learned(runs, "ddp")
+    )
+    counts = [torch.load(world4_runs / name / f"rank{r}.pt")["param_gather"] for r in range(4)]
+    assert all(0 < waited for _, waited in counts), counts
+
+
 def test_the_state_is_sharded_one_file_per_rank(runs):
     directory = runs / "ckpt" / "dp2" / "iter_0000002"
     manifest = json.loads((directory / "manifest.json").read_text())
@@ -178,7 +250,12 @@ def _shard_sizes(directory: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "name", [*(f"distopt-{mode}" for mode in RESUMED), "overlap-distopt-balanced"]
+    "name",
+    [
+        *(f"distopt-{mode}" for mode in RESUMED),
+        "overlap-distopt-balanced",
+        "gather-distopt-balanced",
+    ],
 )
 def test_a_resumed_run_continues_bit_for_bit(runs, name):
     full = _records(runs / f"{name}.jsonl")
