@@ -18,10 +18,17 @@ or Megatron's (``--step megatron``). megatron-core's default bucket (40M paramet
 whole tiny model, so nothing could start early: ``--bucket-size`` cuts it (default 20000
 parameters, about 20 buckets).
 
-Usage: python tools/bench/grad_overlap_cpu.py [--rounds 4] [--iters 40] [--warmup 10]
-       [--step balanced|megatron] [--bucket-size 20000] [--calibration FILE] [-- trainer flags]
+With ``--param-gather`` both runs use the distributed optimizer and the overlapped reduction,
+and the second also overlaps the parameters' all-gather with the next forward
+(``--overlap-param-gather``, ``megatron.mllm.param_gather``); the wait is then the all-gather
+in the optimizer step (``params-all-gather``) against what is left of it there.
 
-Ends with one line ``grad_overlap_speedup: X`` (the median of the rounds' ratios).
+Usage: python tools/bench/grad_overlap_cpu.py [--rounds 4] [--iters 40] [--warmup 10]
+       [--step balanced|megatron] [--bucket-size 20000] [--param-gather] [--calibration FILE]
+       [-- trainer flags]
+
+Ends with one line ``grad_overlap_speedup: X`` (``param_gather_overlap_speedup: X`` with
+``--param-gather``): the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -42,27 +49,33 @@ STEPS = {
     "balanced": ["--post-balance", "auto", "--post-balance-guard-interval", "0"],
     "megatron": ["--post-balance", "none", "--pipeline-schedule", "megatron"],
 }
-WAIT = "all-grads-sync"
-"""megatron-core's timer around ``finish_grad_sync`` (in ``finalize_model_grads``)."""
+WAIT = {False: "all-grads-sync", True: "params-all-gather"}
+"""The wait measured: megatron-core's timer around ``finish_grad_sync`` (in
+``finalize_model_grads``), or with ``--param-gather`` around the distributed optimizer's
+all-gather in its step (not started when the gather overlaps)."""
 COMPUTE = ("forward-compute", "backward-compute", "encoder-forward", "encoder-backward")
 """The timers of the step's computes (the balanced step's encoders run outside megatron-core's
 forward and backward steps): what the reduction beside them costs shows there."""
 
 
-def variants(bucket_size: int) -> dict[str, list[str]]:
+def variants(bucket_size: int, param_gather: bool) -> dict[str, list[str]]:
     """The two runs compared: flags of each."""
-    return {
-        "after": [],
-        "overlapped": ["--overlap-grad-reduce", "--ddp-bucket-size", str(bucket_size)],
-    }
+    grads = ["--overlap-grad-reduce", "--ddp-bucket-size", str(bucket_size)]
+    if param_gather:
+        after = ["--use-distributed-optimizer", *grads]
+        return {"after": after, "overlapped": [*after, "--overlap-param-gather"]}
+    return {"after": [], "overlapped": grads}
 
 
-def measure(records: list[dict], warmup: int) -> tuple[float, float, float]:
-    """Median iteration time, and medians over iterations of the ranks' mean wait in the
-    reduction and of their mean compute, all in ms, after the warm-up."""
+def measure(records: list[dict], warmup: int, wait_timer: str) -> tuple[float, float, float]:
+    """Median iteration time, and medians over iterations of the ranks' mean wait in
+    ``wait_timer`` (0 where it did not run) and of their mean compute, all in ms, after the
+    warm-up."""
     timed = records[warmup:]
     step = 1000 * statistics.median(r["iteration_time_s"] for r in timed)
-    wait = 1000 * statistics.median(statistics.mean(r["timers"]["seconds"][WAIT]) for r in timed)
+    wait = 1000 * statistics.median(
+        statistics.mean(r["timers"]["seconds"].get(wait_timer, [0.0])) for r in timed
+    )
 
     def compute(record: dict) -> float:
         seconds = record["timers"]["seconds"]
@@ -74,6 +87,8 @@ def measure(records: list[dict], warmup: int) -> tuple[float, float, float]:
 
 def predict(step: str, flags: list[str], calibration: str | None) -> tuple[float, float]:
     """SEMU's step time and exposed DP reduction plus optimizer (ms) for one run."""
+    flags = [f if f != "--use-distributed-optimizer" else "--set=use-distributed-optimizer=true"
+             for f in flags]  # fmt: skip
     argv = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--json",
             "--post-balance", "auto" if step == "balanced" else "none", *flags]  # fmt: skip
     if calibration:
@@ -95,6 +110,11 @@ def main() -> None:
     parser.add_argument("--step", choices=sorted(STEPS), default="balanced")
     parser.add_argument("--bucket-size", type=int, default=20000)
     parser.add_argument(
+        "--param-gather",
+        action="store_true",
+        help="compare --overlap-param-gather's overlapped all-gather with the optimizer step's",
+    )
+    parser.add_argument(
         "--calibration",
         default=str(REPO / "scripts" / "configs" / "calibration-cpu.json"),
         help="SEMU's calibration for the prediction ('' for SEMU's defaults)",
@@ -103,11 +123,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 3 or args.warmup >= args.iters:
         sys.exit("error: --rounds must be >= 3 and --warmup < --iters")
-    runs = variants(args.bucket_size)
+    runs = variants(args.bucket_size, args.param_gather)
+    wait_timer = WAIT[args.param_gather]
     base = [*STEPS[args.step], "--timing-log-level", "2", *args.flags]
     ratios, waits, computes, diffs = [], {k: [] for k in runs}, {k: [] for k in runs}, []
     print(f"step: {args.step}; buckets of {args.bucket_size} parameters; {args.iters} iterations "
           f"per run, the first {args.warmup} untimed")  # fmt: skip
+    print("; ".join(f"{name}: {' '.join(flags) or 'no flag'}" for name, flags in runs.items()))
     print(
         "| round | after: ms/iter, wait, compute ms | overlapped: ms/iter, wait, compute ms | ratio |"
     )
@@ -117,7 +139,7 @@ def main() -> None:
         got, losses = {}, {}
         for name in order:
             records = run_main_job(name, [*base, *runs[name]], args.iters)
-            got[name] = measure(records, args.warmup)
+            got[name] = measure(records, args.warmup, wait_timer)
             waits[name].append(got[name][1])
             computes[name].append(got[name][2])
             losses[name] = [x["lm_loss"] for x in records]
@@ -133,7 +155,7 @@ def main() -> None:
     print(f"largest relative difference of a round's {args.iters} losses: {max(diffs):.1e}")
     median = statistics.median(ratios)
     print(f"measured ratio: median {median:.3f}, spread {min(ratios):.3f}-{max(ratios):.3f}; "
-          f"wait in the reduction (median of rounds): after "
+          f"wait in {wait_timer} (median of rounds): after "
           f"{statistics.median(waits['after']):.2f} ms, overlapped "
           f"{statistics.median(waits['overlapped']):.2f} ms; compute per rank: after "
           f"{statistics.median(computes['after']):.1f} ms, overlapped "
@@ -143,7 +165,8 @@ def main() -> None:
           f"{predicted['after'][1]:.2f} ms), overlapped {predicted['overlapped'][0]:.1f} ms "
           f"({predicted['overlapped'][1]:.2f} ms): ratio "
           f"{predicted['after'][0] / predicted['overlapped'][0]:.3f}")  # fmt: skip
-    print(f"grad_overlap_speedup: {median:.3f}")
+    name = "param_gather_overlap_speedup" if args.param_gather else "grad_overlap_speedup"
+    print(f"{name}: {median:.3f}")
     sys.stdout.flush()
 
 
