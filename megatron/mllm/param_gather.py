@@ -13,17 +13,20 @@ the vision ones), and the ranks' gathers no longer match.
 :class:`OrderedParamGather` takes the dispatch from the forward to the step, which is the same
 on every rank:
 
-* right after the optimizer step every bucket's all-gather is dispatched, in the forward's
-  order (the first layers' buckets first), asynchronously: megatron-core's own
-  ``overlap_param_gather_with_optimizer_step`` path, whose pre-hooks only wait for their bucket;
+* the step dispatches every bucket's all-gather, asynchronously and in the forward's order (the
+  first layers' buckets first), just before its first forward, after every collective of the
+  DP group that precedes it in the step (``TrainingStep.before_forward``: the loader's metadata
+  gather, the balanced steps' input exchange), so those never queue behind the gathers;
+  megatron-core's pre-hooks then only wait for their bucket (its own
+  ``overlap_param_gather_with_optimizer_step`` path);
 * a forward pre-hook waits for its bucket's gather when a module first runs (megatron-core's
   hook, unchanged), so the gathers of later buckets run beside the earlier layers' compute;
-* before the next optimizer step (:meth:`OrderedParamGather.finish`), a checkpoint or the end of
-  training (:meth:`OrderedParamGather.wait`), every gather no forward waited for (a module this
-  rank did not run) is waited for.
+* before the optimizer step (:meth:`OrderedParamGather.finish`) every gather no forward waited
+  for (a module this rank did not run) is waited for; a checkpoint or the end of training
+  gathers what the last optimizer step updated at once (:meth:`OrderedParamGather.sync`).
 
-Between the optimizer step and those waits a bucket's parameters are read only by the forward,
-after its wait: nothing else of the step reads them.
+Between the optimizer step and the next step's gathers the model's parameters are stale outside
+each rank's shard; only the forward reads them, after its bucket's wait.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from megatron.core.distributed import DistributedDataParallel
 
 
 class OrderedParamGather:
-    """Dispatches every DP bucket's parameter all-gather after the optimizer step, in one
-    order on every rank, and waits for those no forward waited for.
+    """Dispatches every DP bucket's parameter all-gather at one point of the step, in one order
+    on every rank, and waits for those no forward waited for.
 
     Args:
         ddp: the model's megatron-core DDP wrapper, built with ``overlap_param_gather`` (which
@@ -47,53 +50,57 @@ class OrderedParamGather:
         # reverse (its chain of next_param_gather_bucket_group runs the same way).
         groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
         self._groups = groups[::-1]
+        self._whole = True
+        """The parameters are whole and equal on every rank: initialised, broadcast or loaded,
+        or gathered since the last optimizer step; nothing to gather."""
         self._started = False
         self.waited_in_forward = 0
         """Buckets of the last step whose gather a forward waited for (the rest, at
         :meth:`finish`): how much of the gathering overlapped with compute."""
         # The pre-hooks now only wait for their bucket's gather, never dispatch the next one.
         ddp.overlap_param_gather_with_optimizer_step = True
-        # The parameters are whole and equal on every rank at the start (initialised,
-        # broadcast or loaded): nothing to gather before the first step. A bucket not marked
-        # dispatched would be dispatched by the first pre-hook that reaches it, on that rank
-        # alone.
-        for group in self._groups:
-            group.param_gather_dispatched = True
+        self._mark_dispatched()
 
     @property
     def num_buckets(self) -> int:
         """How many bucket groups the parameters are gathered in."""
         return len(self._groups)
 
+    def _mark_dispatched(self) -> None:
+        # megatron-core's finish_grad_sync marks every bucket undispatched for its lazy path; a
+        # pre-hook would then dispatch its bucket's gather on this rank alone, and
+        # finish_param_sync a second one.
+        for group in self._groups:
+            group.param_gather_dispatched = True
+
     def start(self) -> None:
-        """Dispatch every bucket's all-gather, first layers first. Call right after the
-        optimizer step, on every rank."""
+        """Dispatch every bucket's all-gather, first layers first, unless the parameters are
+        whole. The step calls it before its first forward, on every rank."""
+        if self._whole:
+            return
+        self._mark_dispatched()
         for group in self._groups:
             group.start_param_sync()
-        self._started = True
+        self._started, self._whole = True, True
 
     def finish(self) -> None:
-        """The step's end, before the optimizer step: wait for every gather no forward
-        waited for, and count those a forward did (:attr:`waited_in_forward`)."""
-        self.waited_in_forward = self.wait()
-
-    def wait(self) -> int:
-        """Wait for every gather no forward has waited for; the parameters are then whole. Call
-        before anything else that reads them (a checkpoint, the end of training).
-
-        Returns:
-            How many of the gathers started by :meth:`start` a forward had already waited for
-            (0 when none was in flight).
-        """
+        """Before the optimizer step: wait for every gather no forward waited for, and count
+        those a forward did (:attr:`waited_in_forward`). The parameters are stale after it."""
+        self._mark_dispatched()  # finalize_model_grads has just reset them
         waited_in_forward = 0
         for group in self._groups:
-            # megatron-core's finish_grad_sync marks every bucket undispatched for its lazy
-            # path, and its finish_param_sync would then dispatch a second gather; until
-            # start() the parameters are whole, and no pre-hook may gather.
-            group.param_gather_dispatched = True
             if group.param_gather_handle is None:
                 waited_in_forward += 1
             else:
                 group.finish_param_sync(skip_next_bucket_dispatch=True)
-        started, self._started = self._started, False
-        return waited_in_forward if started else 0
+        self.waited_in_forward = waited_in_forward if self._started else 0
+        self._started, self._whole = False, False
+
+    def sync(self) -> None:
+        """Gather the parameters now, and wait: before a checkpoint or anything else that
+        reads them outside a forward. The next step then has nothing to gather."""
+        self.start()
+        for group in self._groups:
+            if group.param_gather_handle is not None:
+                group.finish_param_sync(skip_next_bucket_dispatch=True)
+        self._started = False  # waited for here, not by a forward

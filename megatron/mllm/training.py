@@ -259,9 +259,6 @@ class Trainer:
         self.grad_reduce = None
         if run.ddp.overlap_grad_reduce:
             self.grad_reduce = grad_overlap.install(self.ddp_model, config)
-        self.param_gather = None
-        if run.ddp.overlap_param_gather:
-            self.param_gather = param_gather.OrderedParamGather(self.ddp_model)
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -275,6 +272,10 @@ class Trainer:
             run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers,
             self.calibration, stream.chat_turns if run.data is not None else None,
         )  # fmt: skip
+        self.param_gather = None
+        if run.ddp.overlap_param_gather:
+            self.param_gather = param_gather.OrderedParamGather(self.ddp_model)
+            self.step.before_forward = self.param_gather.start
         share_errors = None
         if run.data is not None:
             task = stream
@@ -354,9 +355,6 @@ class Trainer:
             if self.param_gather is not None:
                 self.param_gather.finish()
             update_successful, grad_norm, _ = self.optimizer.step()
-            if self.param_gather is not None:
-                # Overlapped with the next iteration's data and forward.
-                self.param_gather.start()
             if update_successful:
                 self.scheduler.step(increment=self.run.global_batch_size)
         loss_sum = loss_tokens = None
@@ -369,10 +367,10 @@ class Trainer:
         return IterationResult(loss_sum, loss_tokens, grad_norm, update_successful, batch)
 
     def gather_params(self) -> None:
-        """With ``--overlap-param-gather``, wait for the parameters' all-gathers still in
-        flight since the last optimizer step: the parameters are whole after it."""
+        """With ``--overlap-param-gather``, gather what the last optimizer step updated now
+        (the next step would, during its forward): the parameters are whole after it."""
         if self.param_gather is not None:
-            self.param_gather.wait()
+            self.param_gather.sync()
 
     def main_grads(self) -> dict[str, torch.Tensor]:
         """This rank's gradients after finalize_model_grads, by layout-independent name."""
@@ -522,8 +520,8 @@ class Trainer:
                 f"> overlapped gradient reduction: {self.grad_reduce.num_buckets} buckets of "
                 f"{run.ddp.bucket_size} parameters (--ddp-bucket-size), each started in order "
                 "once its gradients are final"
-                + ("; their parameters all-gathered after the optimizer step, each waited for by "
-                   "its first forward (--overlap-param-gather)" if self.param_gather else ""),
+                + ("; their parameters all-gathered as the next forward starts, each waited for "
+                   "by its first module (--overlap-param-gather)" if self.param_gather else ""),
                 flush=True,
             )  # fmt: skip
         if self.partition is not None:

@@ -1,7 +1,7 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
-"""OrderedParamGather dispatches every bucket's parameter all-gather after the optimizer step,
-in the forward's order, whatever modules a rank's forward runs; megatron-core's forward pre-hook
-then only waits; the step waits for the rest (megatron.mllm.param_gather).
+"""OrderedParamGather dispatches every bucket's parameter all-gather where the step's forward
+starts, in the forward's order, whatever modules a rank's forward runs; megatron-core's forward
+pre-hook then only waits; the step waits for the rest (megatron.mllm.param_gather).
 
 The bucket groups here run megatron-core 0.19.2's own ``finish_param_sync`` (what its forward
 pre-hook calls) and its dispatch bookkeeping, over a log instead of a collective."""
@@ -75,9 +75,10 @@ def pre_hook(ddp, group):
     group.finish_param_sync(skip_next_bucket_dispatch=ddp.overlap_param_gather_with_optimizer_step)
 
 
-def test_a_forward_before_the_first_step_gathers_nothing():
+def test_nothing_is_gathered_before_the_first_optimizer_step():
     ddp, groups, log = fake_ddp(3)
     gather = OrderedParamGather(ddp)
+    gather.start()  # the first step: the parameters are whole
     for g in groups:  # megatron-core's lazy path would dispatch on this rank alone here
         pre_hook(ddp, g)
     gather.finish()
@@ -90,35 +91,37 @@ def test_every_forward_gives_the_same_collectives(used):
     # rank without images) issues the same gathers in the same order as any other rank.
     ddp, groups, log = fake_ddp(3)
     gather = OrderedParamGather(ddp)
-    gather.start()  # after the optimizer step
+    gather.finish()  # the first optimizer step: the parameters are stale now
+    for g in groups:
+        g.finish_grad_sync()  # the next step's gradients were reduced: megatron-core resets
+    gather.start()  # the next step, before its first forward
     assert log == [("start", 2), ("start", 1), ("start", 0)]  # the first layers first
     for i in used:
         pre_hook(ddp, groups[i])
     for g in groups:
         g.finish_grad_sync()
-    gather.finish()  # before the next optimizer step
+    gather.finish()  # before the optimizer step
     starts = [e for e in log if e[0] == "start"]
     waits = [e[1] for e in log if e[0] == "wait"]
     assert starts == [("start", 2), ("start", 1), ("start", 0)]
     assert sorted(waits) == [0, 1, 2] and waits[: len(used)] == list(used)
     assert gather.waited_in_forward == len(used)
-    # The next step dispatches each bucket once more; nothing is left in flight.
+    # The next step dispatches each bucket once more; nothing was left in flight.
     gather.start()
     assert [e for e in log if e[0] == "start"][3:] == [("start", 2), ("start", 1), ("start", 0)]
 
 
-def test_wait_leaves_the_parameters_whole_and_the_step_count_alone():
+def test_sync_gathers_at_once_and_the_next_step_has_nothing_to_gather():
     ddp, groups, log = fake_ddp(2)
     gather = OrderedParamGather(ddp)
-    gather.start()
-    pre_hook(ddp, groups[1])
     gather.finish()
-    assert gather.waited_in_forward == 1
-    gather.start()
-    assert gather.wait() == 0  # a checkpoint: both waited for here, not in a forward
-    assert all(g.param_gather_handle is None for g in groups) and gather.waited_in_forward == 1
-    pre_hook(ddp, groups[0])  # the next forward: nothing to wait for, nothing dispatched
-    assert log[-1] == ("wait", 0) and len(log) == 8
+    gather.sync()  # a checkpoint after the optimizer step
+    assert log == [("start", 1), ("start", 0), ("wait", 1), ("wait", 0)]
+    assert all(g.param_gather_handle is None for g in groups)
+    gather.start()  # the next step: the parameters are whole already
+    pre_hook(ddp, groups[0])
+    gather.finish()
+    assert len(log) == 4 and gather.waited_in_forward == 0
 
 
 def test_a_ddp_without_overlap_param_gather_is_refused():

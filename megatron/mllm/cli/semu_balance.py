@@ -64,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overlap-param-gather",
         action="store_true",
         help="Megatron's --overlap-param-gather with --use-distributed-optimizer: the updated "
-        "weights all-gathered during the next forward, one layer ahead of it",
+        "weights all-gathered during the next forward, one layer ahead of it (upstream "
+        "Megatron-LM; OrchWeave's steps dispatch every gather at the optimizer step: "
+        "megatron.mllm.param_gather)",
     )
     parser.add_argument(
         "--data-parallel-sharding-strategy",

@@ -102,6 +102,12 @@ class TrainingStep:
     timers: StepTimers = NULL_TIMERS
     """Where the step reports its time (the run's timers; see ``megatron.mllm.timers``)."""
 
+    before_forward: Callable[[], None] | None = None
+    """Called once per call, before the step's first forward and after every collective of the
+    DP group that precedes it in the step (the same point on every rank): where
+    ``--overlap-param-gather`` dispatches the parameters' all-gathers
+    (``megatron.mllm.param_gather``); None: nothing."""
+
     def __init__(self) -> None:
         self.balance_stats: BalanceStats | None = None
         """What balancing did in the latest call; None for steps that do not balance."""
@@ -125,6 +131,11 @@ class TrainingStep:
     def describe(self) -> str:
         """The step for the setup line: ``post-balance: ... | schedule: ...``."""
         raise NotImplementedError
+
+    def forward_starts(self) -> None:
+        """Call :attr:`before_forward`, if set."""
+        if self.before_forward is not None:
+            self.before_forward()
 
     @property
     def last_schedule(self):
@@ -207,6 +218,7 @@ class PackedStep(TrainingStep):
             self.schedules.prepare(loaded[0].batch.next_microbatches if loaded else None)
         with self.timers.span("pack"):
             microbatches = [self.pack(mb.pairs()) for mb in loaded]
+        self.forward_starts()
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
 
     def run_packed(self, microbatches: list, *, seq_length: int | None = None,

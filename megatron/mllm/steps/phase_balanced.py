@@ -171,6 +171,7 @@ class PhaseBalancedStep(BalancedStep):
             self.unbalanced(batch)
             gain = self.guard.gain
             self.balance_stats = BalanceStats(plan_source="guard", balanced=False, guard_gain=gain)
+            self.forward_starts()  # Megatron's step has no collective before its forward
             losses = self.fallback(data_iterator=iter(loaded), num_microbatches=num_microbatches,
                                    **kwargs)  # fmt: skip
             self.last_samples = self.fallback.last_samples
@@ -213,6 +214,7 @@ class PhaseBalancedStep(BalancedStep):
         syncing.enter_context(no_sync())
         with syncing, grad:
             inputs, samples = self._exchange_inputs(plan, batch.metadata, local)
+            self.forward_starts()
             outputs = self._encoder_phases(plan, encoders, inputs, forward_only)
             llm = plan.phase("llm")
             mine = llm.dispatch.dst_items(me)

@@ -153,6 +153,7 @@ class SampleBalancedStep(BalancedStep):
         moved = torch.tensor([disp.bytes_moved], dtype=torch.float64, device=self.device)
         stats.bytes_moved = int(distributed.sum_over_group(moved, self.pp_group).item())
         self.balance_stats = stats
+        self.forward_starts()
         return self.engine.run_packed(microbatches, **kwargs)
 
     def _unbalanced(self, loaded, **kwargs) -> list:
@@ -166,6 +167,7 @@ class SampleBalancedStep(BalancedStep):
         self._search_next(batch, len(loaded))
         with self.timers.span("pack"):
             microbatches = [self.engine.pack(mb.pairs()) for mb in loaded]
+        self.forward_starts()
         return self.engine.run_packed(microbatches, **kwargs)
 
     def _search_next(self, batch, num_microbatches: int) -> None:
