@@ -50,10 +50,12 @@ TINY = [
 MODES = {
     "pp1-dp1": [],
     "pp1-dp1-post-balance": ["--post-balance", "auto"],
-    # The overlapped reduction's asynchronous path (megatron.mllm.grad_overlap) on the device's
+    # The overlapped reduction's and parameter gather's asynchronous paths
+    # (megatron.mllm.grad_overlap, param_gather) with the distributed optimizer on the device's
     # backend, in buckets small enough for the tiny model to have several.
     "pp1-dp1-post-balance-overlap": [
-        "--post-balance", "auto", "--overlap-grad-reduce", "--ddp-bucket-size", "20000",
+        "--post-balance", "auto", "--use-distributed-optimizer", "--overlap-grad-reduce",
+        "--ddp-bucket-size", "20000", "--overlap-param-gather",
     ],
 }  # fmt: skip
 """The single-process modes and their flags."""
