@@ -14,10 +14,10 @@ the vision ones), and the ranks' gathers no longer match.
 on every rank:
 
 * the step dispatches every bucket's all-gather, asynchronously and in the forward's order (the
-  first layers' buckets first), just before its first forward, after every collective of the
-  DP group that precedes it in the step (``TrainingStep.before_forward``: the loader's metadata
-  gather, the balanced steps' input exchange), so those never queue behind the gathers;
-  megatron-core's pre-hooks then only wait for their bucket (its own
+  first layers' buckets first), just before its first forward (``TrainingStep.before_forward``:
+  after the loader's metadata gather and the balanced steps' input exchange, which run on
+  OrchWeave's own DP group and on a 2-core host ran slower beside the gathers); megatron-core's
+  pre-hooks then only wait for their bucket (its own
   ``overlap_param_gather_with_optimizer_step`` path);
 * a forward pre-hook waits for its bucket's gather when a module first runs (megatron-core's
   hook, unchanged), so the gathers of later buckets run beside the earlier layers' compute;

@@ -103,8 +103,8 @@ class TrainingStep:
     """Where the step reports its time (the run's timers; see ``megatron.mllm.timers``)."""
 
     before_forward: Callable[[], None] | None = None
-    """Called once per call, before the step's first forward and after every collective of the
-    DP group that precedes it in the step (the same point on every rank): where
+    """Called once per call on every rank, before the step's first forward and after the
+    step's collectives that precede it (the balanced steps' input exchange): where
     ``--overlap-param-gather`` dispatches the parameters' all-gathers
     (``megatron.mllm.param_gather``); None: nothing."""
 
