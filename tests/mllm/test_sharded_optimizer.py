@@ -56,6 +56,8 @@ OVERLAPPED = {
     "overlap-distopt-two-instances": [*OVERLAP, *DISTOPT, *MODES["dp2-two-instances"]],
     "gather-distopt": GATHER,
     "gather-distopt-balanced": [*GATHER, *BALANCED],
+    # Balanced and Megatron's step in turn: both dispatch the gathers before their forward.
+    "gather-distopt-alternate": [*GATHER, *BALANCED, "--post-balance-alternate", "1"],
 }
 """Overlapped runs at DP=2, each also on the workload where rank 1 loads no image or audio."""
 PP2_OVERLAPPED = {
@@ -120,6 +122,7 @@ def runs(tmp_path_factory):
 WORLD4 = {
     "gather-dp2-pp2-balanced": [*GATHER, *BALANCED, *PP2],
     "gather-dp2-pp2-balanced-dynamic": [*GATHER, *BALANCED, *MODES["pp2-dynamic"]],
+    "gather-dp2-pp2-alternate": [*GATHER, *BALANCED, *PP2, "--post-balance-alternate", "1"],
 }
 """DP=2 x PP=2 (4 processes): whole-sample balancing with megatron-core's 1F1B and the runtime,
 with both overlaps, where every stage gathers its parameters over its DP pair."""
