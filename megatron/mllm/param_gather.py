@@ -78,7 +78,6 @@ class OrderedParamGather:
         whole. The step calls it before its first forward, on every rank."""
         if self._whole:
             return
-        self._mark_dispatched()
         for group in self._groups:
             group.start_param_sync()
         self._started, self._whole = True, True

@@ -12,8 +12,9 @@ overlapped reduction in small buckets (PP = 1: Megatron's step and the balanced 
 the distributed optimizer, also where rank 1 loads no image and no audio, so its encoder buckets
 are complete only at the end while rank 0 completes them in its backward); and the same with the
 parameters' all-gathers overlapped too (``--overlap-param-gather``), where rank 1's forward never
-waits for its encoders' gathers. A second launch of 4 processes runs both overlaps at DP=2 x PP=2
-with whole-sample balancing, under megatron-core's 1F1B and the runtime's ``dynamic``.
+waits for its encoders' gathers, and where the balanced step and Megatron's run in turn. A second
+launch of 4 processes runs both overlaps at DP=2 x PP=2 with whole-sample balancing, under
+megatron-core's 1F1B (also in turn with Megatron's step) and the runtime's ``dynamic``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def runs(tmp_path_factory):
         *THREE, *OVERLAPPED["overlap-distopt-balanced"], "--load", str(out / "ckpt" / "overlap"),
         "--ckpt-step", "2",
     ]  # fmt: skip
-    # Saved between a step's dispatched gathers and the next forward: after waiting for them.
+    # Saved after an optimizer step whose updates no gather has fetched yet: the checkpoint
+    # gathers them first.
     configs["gather-distopt-balanced"] += ["--save", str(out / "ckpt" / "gather"),
                                            "--save-interval", "2"]  # fmt: skip
     configs["gather-distopt-balanced-resumed"] = [
@@ -200,8 +202,8 @@ def test_overlapped_param_gather_is_waited_for_in_the_forward(runs, name):
     grads = [torch.load(runs / name / f"rank{r}.pt")["overlap"][0] for r in (0, 1)]
     assert [n for n, _ in counts] == grads, counts  # as many buckets as the gradients have
     if name == "gather-distopt-balanced":
-        # It saved a checkpoint before the last step, and waited for every gather to save the
-        # whole parameters: none was left for that step's forward.
+        # It saved a checkpoint before the last step, which gathered the parameters: that
+        # step had nothing left to gather.
         assert all(waited == 0 for _, waited in counts), counts
         return
     # In the last step every rank waited for some of the gathers in a forward pre-hook, so

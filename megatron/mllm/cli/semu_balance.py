@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Megatron's --overlap-param-gather with --use-distributed-optimizer: the updated "
         "weights all-gathered during the next forward, one layer ahead of it (upstream "
-        "Megatron-LM; OrchWeave's steps dispatch every gather at the optimizer step: "
+        "Megatron-LM; OrchWeave's steps dispatch every gather as the forward starts: "
         "megatron.mllm.param_gather)",
     )
     parser.add_argument(
