@@ -516,8 +516,9 @@ class Trainer:
             flush=True,
         )
         if self.grad_reduce is not None:
+            n = self.grad_reduce.num_buckets
             print(
-                f"> overlapped gradient reduction: {self.grad_reduce.num_buckets} buckets of "
+                f"> overlapped gradient reduction: {n} bucket{'s' if n > 1 else ''} of up to "
                 f"{run.ddp.bucket_size} parameters (--ddp-bucket-size), each started in order "
                 "once its gradients are final"
                 + ("; their parameters all-gathered as the next forward starts, each waited for "
