@@ -518,7 +518,7 @@ class Trainer:
         if self.grad_reduce is not None:
             n = self.grad_reduce.num_buckets
             print(
-                f"> overlapped gradient reduction: {n} bucket{'s' if n > 1 else ''} of up to "
+                f"> overlapped gradient reduction: {n} bucket{'s' if n > 1 else ''} of about "
                 f"{run.ddp.bucket_size} parameters (--ddp-bucket-size), each started in order "
                 "once its gradients are final"
                 + ("; their parameters all-gathered as the next forward starts, each waited for "
