@@ -8,8 +8,9 @@ import json
 import os
 
 
-def with_component_share(spec_path: str | os.PathLike, name_part: str, share: float,
-                         directory: str) -> str:  # fmt: skip
+def with_component_share(
+    spec_path: str | os.PathLike, name_part: str, share: float, directory: str
+) -> str:
     """The spec at ``spec_path`` with every component whose name holds ``name_part`` drawn for
     ``share`` of the samples in all (the others keep their proportions), written in
     ``directory``; the new file's path."""
