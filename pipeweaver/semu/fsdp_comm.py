@@ -27,7 +27,10 @@ What megatron-core 0.19 does (``megatron_fsdp.py``; docs/architecture.md [5]):
   weights is not waited after the optimizer but before each bucket's first forward of the next
   step, the next bucket's dispatched when one is waited; SEMU gathers per unit before the
   unit's first forward on the rank, one ahead, in the step itself (the steady state: the
-  previous step's gather overlapped with this one's forward).
+  previous step's gather overlapped with this one's forward). OrchWeave's trainer
+  (``megatron.mllm.param_gather``) dispatches every bucket's gather as the step's forward
+  starts, in the forward's order (``gathers_at_once``): each gather is issued then, one after
+  the other on the stream, and each unit still waits for its own.
 
 Every collective is a ring over the DP group on the cluster's links
 (:meth:`pipeweaver.semu.timing.CommModel.all_gather` / ``reduce_scatter``: NVLink when the DP
@@ -153,6 +156,7 @@ def run_stream(
     reduce_s: Callable[[float], float] | None,
     first_forward_only: bool = False,
     outer_s: Callable[[float], float] | None = None,
+    gathers_at_once: bool = False,
 ) -> RankStream:
     """One rank's stream: gathers one unit ahead, reduce-scatters after each backward.
 
@@ -164,6 +168,9 @@ def run_stream(
             optimizer's ``--overlap-param-gather``), else before every use (FSDP).
         outer_s: parameters -> seconds of the all-reduce of a unit's gradient shard across the
             copies (HSDP), after the reduce-scatter of its last backward; None: none.
+        gathers_at_once: issue every gather when the rank reaches the first unit that needs
+            one, in the units' order (OrchWeave's trainer, ``megatron.mllm.param_gather``),
+            instead of one ahead.
     """
     last_backward = {}
     if outer_s is not None:
@@ -195,9 +202,12 @@ def run_stream(
         start = reach
         k = order.get(i)
         if k is not None:
+            if gathers_at_once and k == 0:
+                for j in need:
+                    done[j] = issue(GATHER, uses[j], reach, gather_s(uses[j].params))
             if i not in done:  # not prefetched: the first one, or after a gap in ``need``
                 done[i] = issue(GATHER, u, reach, gather_s(u.params))
-            if k + 1 < len(need):  # prefetch the next unit to gather
+            if k + 1 < len(need) and not gathers_at_once:  # prefetch the next unit to gather
                 nxt = uses[need[k + 1]]
                 done[need[k + 1]] = issue(GATHER, nxt, reach, gather_s(nxt.params))
             start = max(reach, done[i])
@@ -265,6 +275,9 @@ class DataParallelComm:
         grad_bytes: bytes of one reduced gradient (fp32 main gradients).
         outer_s: bytes of a whole tensor -> seconds of the all-reduce of its shard across
             HSDP's copies (None: one copy).
+        gathers_at_once: with ``overlap_param_gather``, every gather issued as the rank's
+            forward reaches its first unit (OrchWeave's trainer) instead of one unit ahead
+            (megatron-core's chain).
     """
 
     def __init__(
@@ -279,6 +292,7 @@ class DataParallelComm:
         weight_bytes: float,
         grad_bytes: float,
         outer_s: Callable[[float], float] | None = None,
+        gathers_at_once: bool = False,
     ):
         self.params_sharded = strategy == "optim_grads_params"
         self.grads_sharded = strategy in ("optim_grads", "optim_grads_params")
@@ -291,6 +305,7 @@ class DataParallelComm:
         self.weight_bytes = weight_bytes
         self.grad_bytes = grad_bytes
         self._outer = outer_s
+        self.gathers_at_once = gathers_at_once and self.overlap_param_gather
 
     def unit_gather_s(self, params: float) -> float:
         """Seconds of one unit's weight all-gather."""
@@ -313,7 +328,9 @@ class DataParallelComm:
             for r in range(len(res.rank_end)):
                 uses = unit_uses(res.events, r, placement, self.layer_params)
                 rank_streams.append(
-                    run_stream(uses, gather, reduce, not self.params_sharded, outer)
+                    run_stream(
+                        uses, gather, reduce, not self.params_sharded, outer, self.gathers_at_once
+                    )
                 )
             streams.append(rank_streams)
             out.append(_delayed(res, placement, rank_streams))
@@ -378,9 +395,11 @@ def for_layout(
     )
 
 
-def data_parallel_comm(semu, overlap_param_gather: bool) -> DataParallelComm | None:
+def data_parallel_comm(
+    semu, overlap_param_gather: bool, gathers_at_once: bool = False
+) -> DataParallelComm | None:
     """The DP communication of a :class:`~pipeweaver.semu.simulator.Semu`'s layout; None
-    where :func:`for_layout` finds none. Collectives ring over the DP group, or over its
+    where :func:`for_layout` finds none (``gathers_at_once``: see :class:`DataParallelComm`). Collectives ring over the DP group, or over its
     shard groups with HSDP (:mod:`pipeweaver.semu.dp_groups`): NVLink when the group sits in
     one node, the NIC otherwise, as the simulator's gradient all-reduce."""
     parallel = semu.spec.parallel
@@ -405,4 +424,5 @@ def data_parallel_comm(semu, overlap_param_gather: bool) -> DataParallelComm | N
         semu.spec.shape.params_dtype_bytes,
         semu.spec.training.grad_dtype_bytes,
         groups.outer_all_reduce_s if groups.instances > 1 else None,
+        gathers_at_once,
     )

@@ -73,6 +73,8 @@ class Semu:
         bucket_params: Megatron's ``bucket_size`` (parameters); default its
             :func:`~pipeweaver.semu.grad_reduce.default_bucket_params`.
         overlap_param_gather: ``--overlap-param-gather`` (and FSDP: :mod:`.fsdp_comm`).
+        gathers_at_once: with ``overlap_param_gather``, the gathers dispatched as OrchWeave's
+            trainer does (all as the forward starts), not by megatron-core's chain.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Semu:
         overlap_grad_reduce: bool = False,
         bucket_params: int | None = None,
         overlap_param_gather: bool = False,
+        gathers_at_once: bool = False,
     ):
         self.spec = spec
         self.cluster = cluster
@@ -102,7 +105,8 @@ class Semu:
         self.compute_cost_fn = compute_cost_fn
         self.overlap_grad_reduce = overlap_grad_reduce
         self.bucket_params = bucket_params or default_bucket_params(self.dp)
-        self.dp_comm = data_parallel_comm(self, overlap_param_gather)  # reads the computes:
+        self.dp_comm = data_parallel_comm(self, overlap_param_gather, gathers_at_once)
+        # The overlapped reduction and the DP communication read the computes' events.
         self.needs_compute_events = overlap_grad_reduce or self.dp_comm is not None
         # Megatron's --clip-grad (default 1.0): clipping all-reduces the gradient norm.
         self._clip_grad = spec.training.clip_grad

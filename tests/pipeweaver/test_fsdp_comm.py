@@ -77,6 +77,42 @@ def test_two_unit_stream_by_hand():
     assert dist.starts == [0.5, 1.5, 2.5, 4.5]
 
 
+def test_orchweaves_gathers_all_issued_as_the_forward_starts_by_hand():
+    """Three forwards of 1 s whose gathers take 0.1, 0.1 and 3 s. megatron-core's chain issues
+    the third when the second unit's forward starts (1.1 s): it ends at 4.1 and the third
+    forward waits 2 s. OrchWeave's trainer issues all three as the first forward starts: the
+    third ends at 3.2, and the wait is 1.1 s."""
+    uses = [UnitUse("llm", k, p, k * 1.0, k + 1.0, False) for k, p in enumerate((0.1, 0.1, 3.0))]
+    chain = run_stream(uses, lambda p: p, None, first_forward_only=True)
+    ahead = run_stream(uses, lambda p: p, None, first_forward_only=True, gathers_at_once=True)
+    ops = [[(op.use.layer, round(op.start, 9), round(op.end, 9)) for op in s.ops]
+           for s in (chain, ahead)]  # fmt: skip
+    assert ops[0] == [(0, 0.0, 0.1), (1, 0.1, 0.2), (2, 1.1, 4.1)]
+    assert ops[1] == [(0, 0.0, 0.1), (1, 0.1, 0.2), (2, 0.2, 3.2)]
+    assert chain.starts == pytest.approx([0.1, 1.1, 4.1])
+    assert ahead.starts == pytest.approx([0.1, 1.1, 3.2])
+
+
+@pytest.mark.parametrize("balance,at_once", [("none", False), ("auto", True)])
+def test_the_cli_gathers_as_the_trainer_it_simulates(monkeypatch, balance, at_once):
+    """With --post-balance (OrchWeave's steps) the gathers go at once; Megatron's own step
+    stands for upstream Megatron-LM's chain."""
+    from megatron.mllm.cli import semu as semu_cli
+
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(kwargs["gathers_at_once"])
+        return Semu(*args, **kwargs)
+
+    monkeypatch.setattr(semu_cli, "Semu", spy)
+    argv = ["--model", "cpu-main", "--cluster", "cpu-2ranks", "--json", "--set",
+            "use-distributed-optimizer=true", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--post-balance", balance]  # fmt: skip
+    assert semu_cli.main(argv) == 0
+    assert made == [at_once]
+
+
 def test_free_links_fsdp_step_equals_the_distributed_optimizers():
     """With zero latency and unbounded bandwidth FSDP's collectives cost nothing: the step is
     the distributed optimizer's (same sharded optimizer), i.e. compute plus the optimizer."""

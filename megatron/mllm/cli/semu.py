@@ -311,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             overlap_grad_reduce=args.overlap_grad_reduce,
             bucket_params=args.ddp_bucket_size,
             overlap_param_gather=args.overlap_param_gather,
+            # OrchWeave's steps gather as megatron.mllm.param_gather does; Megatron's own step
+            # (no balancing, megatron-core's engine) stands for upstream Megatron-LM's chain.
+            gathers_at_once=post_balance != "none" or loaded.run.uses_runtime,
         )
         balanced, held, plan = None, {}, None
         if post_balance != "none" and spec.parallel.pipeline == 1:

@@ -64,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overlap-param-gather",
         action="store_true",
         help="Megatron's --overlap-param-gather with --use-distributed-optimizer: the updated "
-        "weights all-gathered during the next forward, one layer ahead of it (upstream "
-        "Megatron-LM; OrchWeave's steps dispatch every gather as the forward starts: "
-        "megatron.mllm.param_gather)",
+        "weights all-gathered during the next forward: one layer ahead of it for Megatron's "
+        "own step (upstream Megatron-LM), every gather as the forward starts with "
+        "--post-balance or a runtime schedule (OrchWeave's steps: megatron.mllm.param_gather)",
     )
     parser.add_argument(
         "--data-parallel-sharding-strategy",
