@@ -61,6 +61,10 @@ class ChunkId:
 class ModuleChunk(MegatronModule):
     """Base of the chunks: layer bookkeeping, global parameter names, initialisation."""
 
+    input_layer: str | None = None
+    """The attribute of the module's input layer on its first chunk (the forward runs it
+    before the layers, though it is registered after them), if the module has one."""
+
     def __init__(self, mllm: MLLMConfig, chunk: ChunkId, pg_collection):
         total = mllm.num_layers(chunk.module)
         if not 0 <= chunk.start < chunk.stop <= total:
@@ -83,6 +87,14 @@ class ModuleChunk(MegatronModule):
             post_process=self.is_last,
             pg_collection=pg_collection,
         )
+
+    def forward_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters in the order the forward first uses them: the input layer, the
+        layers, the head (the backward produces their gradients in reverse)."""
+        first = getattr(self, self.input_layer, None) if self.input_layer else None
+        leading = list(first.parameters()) if first is not None else []
+        seen = {id(p) for p in leading}
+        return leading + [p for p in self.parameters() if id(p) not in seen]
 
     def global_name(self, local: str) -> str:
         """Layout-independent name of a parameter, e.g. ``llm.layers.5.mlp.linear_fc1.weight``."""
@@ -126,6 +138,8 @@ class EncoderChunk(ModuleChunk):
     Output: hidden states ``[T, 1, h]``, or on the last chunk the item embeddings for the LLM
     ``[R, h_llm]``, one row per LLM position the encoder's items occupy.
     """
+
+    input_layer = "input_embedding"
 
     def __init__(self, mllm: MLLMConfig, chunk: ChunkId, pg_collection):
         super().__init__(mllm, chunk, pg_collection)
@@ -191,6 +205,8 @@ class LanguageChunk(ModuleChunk):
     Input: nothing (first chunk; token ids come from the batch) or hidden states ``[S, 1, h]``.
     Output: hidden states ``[S, 1, h]``, or on the last chunk the per-token loss ``[S]``.
     """
+
+    input_layer = "embedding"
 
     def __init__(self, mllm: MLLMConfig, chunk: ChunkId, pg_collection):
         super().__init__(mllm, chunk, pg_collection)

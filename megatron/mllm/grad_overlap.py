@@ -24,15 +24,20 @@ parameter's gradient is final:
 * every parameter at ``finalize_model_grads``: what no hook or step declared (a module this
   rank did not run) is final there.
 
-Buckets are reduced strictly in megatron-core's bucket order (the backward's: the buckets
-nearest the loss first), each as soon as it and every bucket before it are final. So every
-rank issues the same collectives in the same order whatever its batch holds; only when differs.
-``finalize_model_grads`` then waits for them (megatron-core's ``finish_grad_sync``).
+Buckets are reduced strictly in one order, each as soon as it and every bucket before it are
+final. So every rank issues the same collectives in the same order whatever its batch holds;
+only when differs. ``finalize_model_grads`` then waits for them (megatron-core's
+``finish_grad_sync``). The order is the one in which a backward completes the buckets: by the
+parameter each bucket's forward uses first, latest first (``forward_order``, from the model:
+``PlacedModel.forward_parameters``). megatron-core's own bucket order follows the parameters'
+registration in reverse, which puts a chunk's input layer (the LLM's embeddings, an encoder's
+input embedding; registered after the layers) in the chunk's first buckets: in that order the
+whole chunk's buckets would wait for its last gradient.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -44,12 +49,27 @@ class OrderedGradReduce:
 
     Args:
         ddp: the model's megatron-core DDP wrapper, built with ``overlap_grad_reduce``.
+        forward_order: every parameter of the model in the order its forward first uses them
+            (the same on every rank of the DP group); None: megatron-core's bucket order.
     """
 
-    def __init__(self, ddp: DistributedDataParallel):
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        forward_order: Sequence[torch.nn.Parameter] | None = None,
+    ):
         if not ddp.ddp_config.overlap_grad_reduce:
             raise ValueError("OrderedGradReduce needs a DDP built with overlap_grad_reduce")
         self._groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
+        if forward_order is not None:
+            position = {p: i for i, p in enumerate(forward_order)}
+            missing = [p for g in self._groups for p in g.params if p not in position]
+            if missing:
+                raise ValueError(f"{len(missing)} bucketed parameters are not in forward_order")
+            # A bucket is final once the backward has reached the parameter of it that the
+            # forward used first: the latest such parameter goes first (stable: megatron-core's
+            # order among equals).
+            self._groups.sort(key=lambda g: -min(position[p] for p in g.params))
         self._group_of = {p: i for i, g in enumerate(self._groups) for p in g.params}
         self._pending: list[set] = []
         self._next = 0
@@ -105,7 +125,9 @@ class OrderedGradReduce:
         self._reset()
 
 
-def install(ddp: DistributedDataParallel, config) -> OrderedGradReduce:
+def install(
+    ddp: DistributedDataParallel, config, forward_order: Sequence[torch.nn.Parameter] | None = None
+) -> OrderedGradReduce:
     """Route megatron-core's overlapped reduction of ``ddp`` through an
     :class:`OrderedGradReduce`: its hooks, ``config.grad_sync_func`` (the steps' "these
     gradients are final") and ``config.finalize_model_grads_func`` (everything is final, then
@@ -114,8 +136,9 @@ def install(ddp: DistributedDataParallel, config) -> OrderedGradReduce:
     Args:
         ddp: the model's DDP wrapper, built with ``overlap_grad_reduce``.
         config: the model's config, whose ``finalize_model_grads_func`` is already set.
+        forward_order: see :class:`OrderedGradReduce`.
     """
-    ordered = OrderedGradReduce(ddp)
+    ordered = OrderedGradReduce(ddp, forward_order)
     finalize = config.finalize_model_grads_func
 
     def finalize_model_grads(*args, **kwargs):

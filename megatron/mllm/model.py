@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from megatron.core.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.mllm.batch import PackedMicrobatch
-from megatron.mllm.chunks import ChunkId, EncoderChunk, LanguageChunk, build_chunk
+from megatron.mllm.chunks import ChunkId, EncoderChunk, LanguageChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
 from pipeweaver.placement import Placement
 
@@ -53,6 +53,12 @@ class PlacedModel(MegatronModule):
     def holds_encoder_inputs(self) -> bool:
         """Whether this rank runs an encoder's input layer (and so needs its features)."""
         return any(self.placement.rank_of(e, 0) == self.pp_rank for e in self.placement.encoders)
+
+    def forward_parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters chunk by chunk (in the order the chunks are registered: the
+        encoders before the LLM), each chunk's in the order its forward uses them."""
+        return [p for m in self.modules() if isinstance(m, ModuleChunk)
+                for p in m.forward_parameters()]  # fmt: skip
 
     def layout(self) -> list[str]:
         """``module chunk:start-stop`` of every chunk here, as checkpoints record them."""

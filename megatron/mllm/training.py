@@ -258,7 +258,9 @@ class Trainer:
         config.finalize_model_grads_func = finalize_model_grads
         self.grad_reduce = None
         if run.ddp.overlap_grad_reduce:
-            self.grad_reduce = grad_overlap.install(self.ddp_model, config)
+            self.grad_reduce = grad_overlap.install(
+                self.ddp_model, config, self.model.forward_parameters()
+            )
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -367,8 +369,7 @@ class Trainer:
         return IterationResult(loss_sum, loss_tokens, grad_norm, update_successful, batch)
 
     def gather_params(self) -> None:
-        """With ``--overlap-param-gather``, gather what the last optimizer step updated now
-        (the next step would, during its forward): the parameters are whole after it."""
+        """With ``--overlap-param-gather``, gather what the last optimizer step updated now."""
         if self.param_gather is not None:
             self.param_gather.sync()
 

@@ -50,6 +50,8 @@ def main() -> None:
         gather_reduced_grads(trainer)
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         overlap, gather = trainer.grad_reduce, trainer.param_gather
+        names = trainer.model.global_param_names()
+        by_param = {p: names[n] for n, p in trainer.model.named_parameters()}
         torch.save(
             {
                 "grads": trainer.main_grads(),
@@ -59,6 +61,12 @@ def main() -> None:
                 # the last step's backward.
                 "overlap": (
                     None if overlap is None else (overlap.num_buckets, overlap.started_early)
+                ),
+                # The global names in each bucket, in the order their reductions start.
+                "bucket_order": (
+                    None
+                    if overlap is None
+                    else [sorted(by_param[p] for p in g.params) for g in overlap._groups]
                 ),
                 # --overlap-param-gather: the buckets, and how many of the last step's gathers
                 # a forward waited for.

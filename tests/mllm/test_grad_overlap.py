@@ -99,3 +99,23 @@ def test_a_ddp_without_overlap_is_refused():
     ddp, _, _ = fake_ddp([1], overlap=False)
     with pytest.raises(ValueError, match="overlap_grad_reduce"):
         OrderedGradReduce(ddp)
+
+
+def test_buckets_go_in_the_order_a_backward_completes_them():
+    # megatron-core's order puts the input layer (forward position 0) in bucket 1, before the
+    # layers' buckets 2 and 3; a backward completes bucket 1 last, so it goes last.
+    ddp, params, log = fake_ddp([1, 1, 1, 1])
+    head, embedding, top, bottom = (p[0] for p in params)
+    ordered = OrderedGradReduce(ddp, forward_order=[embedding, bottom, top, head])
+    ordered.mark_final([head, top])
+    assert log == [0, 2]  # megatron-core's order would have stopped at bucket 1
+    ordered.mark_final([bottom])
+    assert log == [0, 2, 3]
+    ordered.mark_final([embedding])
+    assert log == [0, 2, 3, 1]
+
+
+def test_a_forward_order_missing_a_bucketed_parameter_is_refused():
+    ddp, params, _ = fake_ddp([1, 1])
+    with pytest.raises(ValueError, match="1 bucketed parameters are not in forward_order"):
+        OrderedGradReduce(ddp, forward_order=[params[0][0]])

@@ -189,6 +189,19 @@ def test_overlapped_reduction_starts_buckets_during_the_backward(runs, name):
         assert all(early == n for n, early in counts), counts
 
 
+@pytest.mark.parametrize("name", ["overlap-ddp", "overlap-pp2-megatron", "overlap-pp2-dynamic"])
+def test_buckets_start_in_the_order_the_backward_completes_them(runs, name):
+    # The LLM's embeddings are registered after its layers but their gradients come last:
+    # their buckets start after every LLM layer's (megatron-core's own order has them first,
+    # which would hold every layer's bucket until the end of the backward).
+    order = torch.load(runs / name / "rank0.pt")["bucket_order"]
+
+    embedding = [i for i, b in enumerate(order) if any(n.startswith("llm.embedding.") for n in b)]
+    # Buckets of the LLM's layers alone (one that also holds an encoder's head waits for it).
+    layers = [i for i, b in enumerate(order) if all(n.startswith("llm.layers.") for n in b)]
+    assert embedding and layers and min(embedding) > max(layers), order
+
+
 GATHERED = [
     name for name in [*OVERLAPPED, *(f"variable-{n}" for n in OVERLAPPED), *PP2_OVERLAPPED]
     if "gather" in name
