@@ -14,7 +14,7 @@ the vision ones), and the ranks' gathers no longer match.
 on every rank:
 
 * the step dispatches every bucket's all-gather, asynchronously and in the forward's order (the
-  first layers' buckets first), just before its first forward (``TrainingStep.before_forward``:
+  bucket holding the parameter the forward uses first goes first), just before its first forward (``TrainingStep.before_forward``:
   after the loader's metadata gather and the balanced steps' input exchange, which run on
   OrchWeave's own DP group and on a 2-core host ran slower beside the gathers); megatron-core's
   pre-hooks then only wait for their bucket (its own
@@ -31,6 +31,10 @@ each rank's shard; only the forward reads them, after its bucket's wait.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import torch
+
 from megatron.core.distributed import DistributedDataParallel
 
 
@@ -41,15 +45,30 @@ class OrderedParamGather:
     Args:
         ddp: the model's megatron-core DDP wrapper, built with ``overlap_param_gather`` (which
             megatron-core allows only with the distributed optimizer).
+        forward_order: every parameter of the model in the order its forward first uses them
+            (the same on every rank of the DP group); None: megatron-core's bucket order in
+            reverse.
     """
 
-    def __init__(self, ddp: DistributedDataParallel):
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        forward_order: Sequence[torch.nn.Parameter] | None = None,
+    ):
         if not ddp.ddp_config.overlap_param_gather:
             raise ValueError("OrderedParamGather needs a DDP built with overlap_param_gather")
-        # megatron-core's bucket groups run in the backward's order; the forward needs them in
-        # reverse (its chain of next_param_gather_bucket_group runs the same way).
+        # megatron-core's bucket groups run in the backward's order, its chain of gathers in
+        # reverse: the parameters' registration order, which puts a chunk's input layer (the
+        # LLM's embeddings) after its layers, so its first forward would wait for them all.
         groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
         self._groups = groups[::-1]
+        if forward_order is not None:
+            position = {p: i for i, p in enumerate(forward_order)}
+            missing = [p for g in groups for p in g.params if p not in position]
+            if missing:
+                raise ValueError(f"{len(missing)} bucketed parameters are not in forward_order")
+            # The bucket the forward needs first goes first.
+            self._groups.sort(key=lambda g: min(position[p] for p in g.params))
         self._whole = True
         """The parameters are whole and equal on every rank: initialised, broadcast or loaded,
         or gathered since the last optimizer step; nothing to gather."""

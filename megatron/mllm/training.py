@@ -256,11 +256,9 @@ class Trainer:
         config = self.mllm.language
         config.no_sync_func = self.ddp_model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
-        self.grad_reduce = None
+        self.grad_reduce, forward_order = None, self.model.forward_parameters()
         if run.ddp.overlap_grad_reduce:
-            self.grad_reduce = grad_overlap.install(
-                self.ddp_model, config, self.model.forward_parameters()
-            )
+            self.grad_reduce = grad_overlap.install(self.ddp_model, config, forward_order)
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -276,7 +274,7 @@ class Trainer:
         )  # fmt: skip
         self.param_gather = None
         if run.ddp.overlap_param_gather:
-            self.param_gather = param_gather.OrderedParamGather(self.ddp_model)
+            self.param_gather = param_gather.OrderedParamGather(self.ddp_model, forward_order)
             self.step.before_forward = self.param_gather.start
         share_errors = None
         if run.data is not None:

@@ -68,6 +68,12 @@ def main() -> None:
                     if overlap is None
                     else [sorted(by_param[p] for p in g.params) for g in overlap._groups]
                 ),
+                # The global names in each bucket, in the order their gathers are dispatched.
+                "gather_order": (
+                    None
+                    if gather is None
+                    else [sorted(by_param[p] for p in g.params) for g in gather._groups]
+                ),
                 # --overlap-param-gather: the buckets, and how many of the last step's gathers
                 # a forward waited for.
                 "param_gather": (

@@ -12,6 +12,7 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup
 from megatron.mllm.param_gather import OrderedParamGather
@@ -128,3 +129,25 @@ def test_a_ddp_without_overlap_param_gather_is_refused():
     ddp, _, _ = fake_ddp(1, overlap=False)
     with pytest.raises(ValueError, match="overlap_param_gather"):
         OrderedParamGather(ddp)
+
+
+def test_the_bucket_the_forward_needs_first_is_gathered_first():
+    # megatron-core's reverse order would gather bucket 2 first; the forward uses bucket 1's
+    # parameter (an input layer registered after the layers) first.
+    ddp, groups, log = fake_ddp(3)
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    for g, p in zip(groups, params):
+        g.params = [p]
+    gather = OrderedParamGather(ddp, forward_order=[params[1], params[2], params[0]])
+    gather.finish()
+    gather.start()
+    assert log == [("start", 1), ("start", 2), ("start", 0)]
+
+
+def test_a_forward_order_missing_a_bucketed_parameter_is_refused():
+    ddp, groups, _ = fake_ddp(2)
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
+    for g, p in zip(groups, params):
+        g.params = [p]
+    with pytest.raises(ValueError, match="1 bucketed parameters are not in forward_order"):
+        OrderedParamGather(ddp, forward_order=[params[0]])

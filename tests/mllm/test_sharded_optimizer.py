@@ -214,6 +214,12 @@ def test_overlapped_param_gather_is_waited_for_in_the_forward(runs, name):
     counts = [torch.load(runs / name / f"rank{r}.pt")["param_gather"] for r in (0, 1)]
     grads = [torch.load(runs / name / f"rank{r}.pt")["overlap"][0] for r in (0, 1)]
     assert [n for n, _ in counts] == grads, counts  # as many buckets as the gradients have
+    # The LLM's embeddings, registered after its layers, are gathered before them: its
+    # forward needs them first.
+    order = torch.load(runs / name / "rank0.pt")["gather_order"]
+    embedding = [i for i, b in enumerate(order) if any(n.startswith("llm.embedding.") for n in b)]
+    layers = [i for i, b in enumerate(order) if all(n.startswith("llm.layers.") for n in b)]
+    assert embedding and layers and max(embedding) < min(layers), order
     if name == "gather-distopt-balanced":
         # It saved a checkpoint before the last step, which gathered the parameters: that
         # step had nothing left to gather.
