@@ -44,6 +44,20 @@ import torch
 from megatron.core.distributed import DistributedDataParallel
 
 
+def first_use(groups: Sequence, forward_order: Sequence[torch.nn.Parameter]) -> dict[int, int]:
+    """Per bucket group (by index), the position in ``forward_order`` of its parameter that the
+    forward uses first.
+
+    Raises:
+        ValueError: a bucketed parameter is not in ``forward_order``.
+    """
+    position = {p: i for i, p in enumerate(forward_order)}
+    missing = [p for g in groups for p in g.params if p not in position]
+    if missing:
+        raise ValueError(f"{len(missing)} bucketed parameters are not in forward_order")
+    return {i: min(position[p] for p in g.params) for i, g in enumerate(groups)}
+
+
 class OrderedGradReduce:
     """Starts each DP gradient bucket's reduction once it, and every bucket before it, is final.
 
@@ -62,14 +76,11 @@ class OrderedGradReduce:
             raise ValueError("OrderedGradReduce needs a DDP built with overlap_grad_reduce")
         self._groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
         if forward_order is not None:
-            position = {p: i for i, p in enumerate(forward_order)}
-            missing = [p for g in self._groups for p in g.params if p not in position]
-            if missing:
-                raise ValueError(f"{len(missing)} bucketed parameters are not in forward_order")
             # A bucket is final once the backward has reached the parameter of it that the
             # forward used first: the latest such parameter goes first (stable: megatron-core's
             # order among equals).
-            self._groups.sort(key=lambda g: -min(position[p] for p in g.params))
+            first = first_use(self._groups, forward_order)
+            self._groups = [self._groups[i] for i in sorted(first, key=lambda i: -first[i])]
         self._group_of = {p: i for i, g in enumerate(self._groups) for p in g.params}
         self._pending: list[set] = []
         self._next = 0

@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 
 from megatron.core.distributed import DistributedDataParallel
+from megatron.mllm.grad_overlap import first_use
 
 
 class OrderedParamGather:
@@ -63,12 +64,8 @@ class OrderedParamGather:
         groups = list(ddp.bucket_groups) + list(ddp.expert_parallel_bucket_groups)
         self._groups = groups[::-1]
         if forward_order is not None:
-            position = {p: i for i, p in enumerate(forward_order)}
-            missing = [p for g in groups for p in g.params if p not in position]
-            if missing:
-                raise ValueError(f"{len(missing)} bucketed parameters are not in forward_order")
-            # The bucket the forward needs first goes first.
-            self._groups.sort(key=lambda g: min(position[p] for p in g.params))
+            first = first_use(groups, forward_order)  # the bucket the forward needs first, first
+            self._groups = [groups[i] for i in sorted(first, key=lambda i: first[i])]
         self._whole = True
         """The parameters are whole and equal on every rank: initialised, broadcast or loaded,
         or gathered since the last optimizer step; nothing to gather."""
