@@ -65,12 +65,16 @@ class OrderedGradReduce:
         ddp: the model's megatron-core DDP wrapper, built with ``overlap_grad_reduce``.
         forward_order: every parameter of the model in the order its forward first uses them
             (the same on every rank of the DP group); None: megatron-core's bucket order.
+        before_first: called once per step before its first reduction starts (the parameter
+            gathers still in flight are waited for there:
+            :meth:`megatron.mllm.param_gather.OrderedParamGather.drain`).
     """
 
     def __init__(
         self,
         ddp: DistributedDataParallel,
         forward_order: Sequence[torch.nn.Parameter] | None = None,
+        before_first: Callable[[], None] | None = None,
     ):
         if not ddp.ddp_config.overlap_grad_reduce:
             raise ValueError("OrderedGradReduce needs a DDP built with overlap_grad_reduce")
@@ -81,6 +85,7 @@ class OrderedGradReduce:
             # order among equals).
             first = first_use(self._groups, forward_order)
             self._groups = [self._groups[i] for i in sorted(first, key=lambda i: -first[i])]
+        self._before_first = before_first
         self._group_of = {p: i for i, g in enumerate(self._groups) for p in g.params}
         self._pending: list[set] = []
         self._next = 0
@@ -123,6 +128,8 @@ class OrderedGradReduce:
             if i is not None:
                 self._pending[i].discard(p)
         while self._next < len(self._groups) and not self._pending[self._next]:
+            if self._next == 0 and self._before_first is not None:
+                self._before_first()
             self._groups[self._next].start_grad_sync()
             self._next += 1
 
@@ -137,7 +144,10 @@ class OrderedGradReduce:
 
 
 def install(
-    ddp: DistributedDataParallel, config, forward_order: Sequence[torch.nn.Parameter] | None = None
+    ddp: DistributedDataParallel,
+    config,
+    forward_order: Sequence[torch.nn.Parameter] | None = None,
+    before_first: Callable[[], None] | None = None,
 ) -> OrderedGradReduce:
     """Route megatron-core's overlapped reduction of ``ddp`` through an
     :class:`OrderedGradReduce`: its hooks, ``config.grad_sync_func`` (the steps' "these
@@ -147,9 +157,9 @@ def install(
     Args:
         ddp: the model's DDP wrapper, built with ``overlap_grad_reduce``.
         config: the model's config, whose ``finalize_model_grads_func`` is already set.
-        forward_order: see :class:`OrderedGradReduce`.
+        forward_order, before_first: see :class:`OrderedGradReduce`.
     """
-    ordered = OrderedGradReduce(ddp, forward_order)
+    ordered = OrderedGradReduce(ddp, forward_order, before_first)
     finalize = config.finalize_model_grads_func
 
     def finalize_model_grads(*args, **kwargs):

@@ -70,6 +70,7 @@ class OrderedParamGather:
         """The parameters are whole and equal on every rank: initialised, broadcast or loaded,
         or gathered since the last optimizer step; nothing to gather."""
         self._started = False
+        self._drained = 0  # gathers of this step waited for by drain(), not by a forward
         self.waited_in_forward = 0
         """Buckets of the last step whose gather a forward waited for (the rest, at
         :meth:`finish`): how much of the gathering overlapped with compute."""
@@ -98,24 +99,28 @@ class OrderedParamGather:
             group.start_param_sync()
         self._started, self._whole = True, True
 
+    def drain(self) -> None:
+        """Wait for the gathers still in flight, before the step's first gradient reduction
+        starts on the same process group: gloo's worker threads running a gather and a
+        reduce-scatter of the group at once corrupted the heap here (2026-12-07, the balanced
+        step, about one run in twenty)."""
+        for group in self._groups:
+            if group.param_gather_handle is not None:
+                self._drained += 1
+                group.finish_param_sync(skip_next_bucket_dispatch=True)
+
     def finish(self) -> None:
         """Before the optimizer step: wait for every gather no forward waited for, and count
         those a forward did (:attr:`waited_in_forward`). The parameters are stale after it."""
         self._mark_dispatched()  # finalize_model_grads has just reset them
-        waited_in_forward = 0
-        for group in self._groups:
-            if group.param_gather_handle is None:
-                waited_in_forward += 1
-            else:
-                group.finish_param_sync(skip_next_bucket_dispatch=True)
+        self.drain()
+        waited_in_forward = len(self._groups) - self._drained
         self.waited_in_forward = waited_in_forward if self._started else 0
-        self._started, self._whole = False, False
+        self._started, self._whole, self._drained = False, False, 0
 
     def sync(self) -> None:
         """Gather the parameters now, and wait: before a checkpoint or anything else that
         reads them outside a forward. The next step then has nothing to gather."""
         self.start()
-        for group in self._groups:
-            if group.param_gather_handle is not None:
-                group.finish_param_sync(skip_next_bucket_dispatch=True)
-        self._started = False  # waited for here, not by a forward
+        self.drain()
+        self._started, self._drained = False, 0  # waited for here, not by a forward

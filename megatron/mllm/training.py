@@ -256,9 +256,13 @@ class Trainer:
         config = self.mllm.language
         config.no_sync_func = self.ddp_model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
-        self.grad_reduce, forward_order = None, self.model.forward_parameters()
+        self.grad_reduce, self.param_gather = None, None
+        forward_order = self.model.forward_parameters()
+        if run.ddp.overlap_param_gather:
+            self.param_gather = param_gather.OrderedParamGather(self.ddp_model, forward_order)
         if run.ddp.overlap_grad_reduce:
-            self.grad_reduce = grad_overlap.install(self.ddp_model, config, forward_order)
+            drain = self.param_gather.drain if self.param_gather else None
+            self.grad_reduce = grad_overlap.install(self.ddp_model, config, forward_order, drain)
         config.grad_scale_func = self.optimizer.scale_loss
         b = run.balance
         balancing = b.post_balance != "none"
@@ -272,9 +276,7 @@ class Trainer:
             run, self.mllm, self.model, self.pg_collection, dispatcher, self.device, self.timers,
             self.calibration, stream.chat_turns if run.data is not None else None,
         )  # fmt: skip
-        self.param_gather = None
-        if run.ddp.overlap_param_gather:
-            self.param_gather = param_gather.OrderedParamGather(self.ddp_model, forward_order)
+        if self.param_gather is not None:
             self.step.before_forward = self.param_gather.start
         share_errors = None
         if run.data is not None:
