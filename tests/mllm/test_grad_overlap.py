@@ -119,3 +119,16 @@ def test_a_forward_order_missing_a_bucketed_parameter_is_refused():
     ddp, params, _ = fake_ddp([1, 1])
     with pytest.raises(ValueError, match="1 bucketed parameters are not in forward_order"):
         OrderedGradReduce(ddp, forward_order=[params[0][0]])
+
+
+def test_before_first_runs_once_per_step_before_its_first_reduction():
+    ddp, params, log = fake_ddp([1, 1])
+    calls = []
+    ordered = OrderedGradReduce(ddp, before_first=lambda: calls.append(list(log)))
+    ordered.mark_final(params[1])  # bucket 1 waits for bucket 0: nothing starts
+    assert calls == []
+    ordered.mark_final(params[0])
+    assert calls == [[]] and log == [0, 1]  # called before bucket 0 started, once
+    ordered.finish()
+    ordered.finish()  # the next step, every bucket started in finish
+    assert calls == [[], [0, 1]]

@@ -151,3 +151,16 @@ def test_a_forward_order_missing_a_bucketed_parameter_is_refused():
         g.params = [p]
     with pytest.raises(ValueError, match="1 bucketed parameters are not in forward_order"):
         OrderedParamGather(ddp, forward_order=[params[0]])
+
+
+def test_drain_waits_for_the_gathers_in_flight_and_they_do_not_count_as_the_forwards():
+    ddp, groups, log = fake_ddp(3)
+    gather = OrderedParamGather(ddp)
+    gather.finish()
+    gather.start()
+    pre_hook(ddp, groups[2])  # the forward's first module
+    gather.drain()  # the first reduction is about to start
+    assert all(g.param_gather_handle is None for g in groups)
+    assert [e for e in log if e[0] == "wait"] == [("wait", 2), ("wait", 1), ("wait", 0)]
+    gather.finish()
+    assert gather.waited_in_forward == 1
