@@ -14,16 +14,18 @@ the vision ones), and the ranks' gathers no longer match.
 on every rank:
 
 * the step dispatches every bucket's all-gather, asynchronously and in the forward's order (the
-  bucket holding the parameter the forward uses first goes first), just before its first forward (``TrainingStep.before_forward``:
-  after the loader's metadata gather and the balanced steps' input exchange, which run on
-  OrchWeave's own DP group and on a 2-core host ran slower beside the gathers); megatron-core's
-  pre-hooks then only wait for their bucket (its own
+  bucket holding the parameter the forward uses first goes first), just before its first
+  forward (``TrainingStep.before_forward``: after the loader's metadata gather and the balanced
+  steps' input exchange, which run on OrchWeave's own DP group and on a 2-core host ran slower
+  beside the gathers); megatron-core's pre-hooks then only wait for their bucket (its own
   ``overlap_param_gather_with_optimizer_step`` path);
 * a forward pre-hook waits for its bucket's gather when a module first runs (megatron-core's
   hook, unchanged), so the gathers of later buckets run beside the earlier layers' compute;
-* before the optimizer step (:meth:`OrderedParamGather.finish`) every gather no forward waited
-  for (a module this rank did not run) is waited for; a checkpoint or the end of training
-  gathers what the last optimizer step updated at once (:meth:`OrderedParamGather.sync`).
+* the gathers still in flight when the step's first gradient reduction is about to start (a
+  module this rank's forward did not run) are waited for there
+  (:meth:`OrderedParamGather.drain`), and before the optimizer step every one
+  (:meth:`OrderedParamGather.finish`); a checkpoint or the end of training gathers what the
+  last optimizer step updated at once (:meth:`OrderedParamGather.sync`).
 
 Between the optimizer step and the next step's gathers the model's parameters are stale outside
 each rank's shard; only the forward reads them, after its bucket's wait.
@@ -91,8 +93,8 @@ class OrderedParamGather:
             group.param_gather_dispatched = True
 
     def start(self) -> None:
-        """Dispatch every bucket's all-gather, first layers first, unless the parameters are
-        whole. The step calls it before its first forward, on every rank."""
+        """Dispatch every bucket's all-gather in the forward's order, unless the parameters
+        are whole. The step calls it before its first forward, on every rank."""
         if self._whole:
             return
         for group in self._groups:
@@ -100,10 +102,11 @@ class OrderedParamGather:
         self._started, self._whole = True, True
 
     def drain(self) -> None:
-        """Wait for the gathers still in flight, before the step's first gradient reduction
-        starts on the same process group: gloo's worker threads running a gather and a
-        reduce-scatter of the group at once corrupted the heap here (2026-12-07, the balanced
-        step, about one run in twenty)."""
+        """Wait for the gathers still in flight. Called before the step's first gradient
+        reduction starts on the same process group, so that a gather and a reduce-scatter of
+        the group never run at once: with them at once, the balanced step once hung in gloo's
+        all-gather and once aborted on a corrupted heap here (2026-12-07; the README says what
+        is not proven)."""
         for group in self._groups:
             if group.param_gather_handle is not None:
                 self._drained += 1
