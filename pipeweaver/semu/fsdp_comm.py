@@ -399,9 +399,10 @@ def data_parallel_comm(
     semu, overlap_param_gather: bool, gathers_at_once: bool = False
 ) -> DataParallelComm | None:
     """The DP communication of a :class:`~pipeweaver.semu.simulator.Semu`'s layout; None
-    where :func:`for_layout` finds none (``gathers_at_once``: see :class:`DataParallelComm`). Collectives ring over the DP group, or over its
-    shard groups with HSDP (:mod:`pipeweaver.semu.dp_groups`): NVLink when the group sits in
-    one node, the NIC otherwise, as the simulator's gradient all-reduce."""
+    where :func:`for_layout` finds none (``gathers_at_once``: see :class:`DataParallelComm`).
+    Collectives ring over the DP group, or over its shard groups with HSDP
+    (:mod:`pipeweaver.semu.dp_groups`): NVLink when the group sits in one node, the NIC
+    otherwise, as the simulator's gradient all-reduce."""
     parallel = semu.spec.parallel
     strategy = parallel.data_parallel_sharding
     dp = semu.dp
