@@ -41,25 +41,30 @@ def resume_problem(saved: dict[str, Any], layout: dict[str, Any]) -> str | None:
     if mine and saved_copies != copies:
         return (
             f"holds the distributed optimizer's shards of {saved_copies} instance(s) "
-            f"(--num-distributed-optimizer-instances); this run has {copies}: resume with the "
-            "saved count (the shards are not resharded), or pass --no-load-optim to keep only "
-            "the model"
+            f"(--num-distributed-optimizer-instances); this run has {copies}: "
+            + _resume_hint("count")
         )
     buckets, saved_buckets = layout["grad_buckets"], saved["grad_buckets"]
     if mine and saved_buckets != buckets:
         return (
             f"holds the distributed optimizer's shards cut in {_buckets(saved_buckets)}; this "
-            f"run cuts them in {_buckets(buckets)}: resume with the saved --overlap-grad-reduce "
-            "and --ddp-bucket-size (the shards are not resharded), or pass --no-load-optim to "
-            "keep only the model"
+            f"run cuts them in {_buckets(buckets)}: "
+            + _resume_hint("--overlap-grad-reduce and --ddp-bucket-size")
         )
     if mine and saved["dp"] != layout["dp"]:
         return (
             f"holds the distributed optimizer's shards of {saved['dp']} data-parallel ranks; "
-            f"this run has {layout['dp']}: resume with the saved data-parallel size (the shards "
-            "are not resharded), or pass --no-load-optim to keep only the model"
+            f"this run has {layout['dp']}: " + _resume_hint("data-parallel size")
         )
     return None
+
+
+def _resume_hint(what: str) -> str:
+    """What a user can do when the saved shards follow another ``what`` of the layout."""
+    return (
+        f"resume with the saved {what} (the shards are not resharded), or pass --no-load-optim "
+        "to keep only the model"
+    )
 
 
 def _buckets(size: int | None) -> str:
