@@ -82,6 +82,22 @@ def initialize_distributed(run) -> torch.device:
     return device
 
 
+def wrap_ddp(module, config, ddp_config, pg_collection):
+    """megatron-core's ``DistributedDataParallel`` around ``module``.
+
+    With ``--use-distributed-optimizer`` megatron-core 0.19.2 warns on the first rank that the
+    caller did not pre-compute the buffers' parameter layout, then computes it itself, as
+    ``DistributedOptimizer.compute_full_param_layout`` would: the same layout, so the warning
+    is kept for the debug log.
+    """
+    from megatron.core.distributed import DistributedDataParallel
+
+    with logs.demoted("megatron.core.distributed.distributed_data_parallel"):
+        return DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=module, pg_collection=pg_collection
+        )
+
+
 def sum_over_group(tensor: torch.Tensor, group) -> torch.Tensor:
     """``tensor`` summed over ``group``, in place (e.g. the loss over DP ranks)."""
     dist.all_reduce(tensor, group=group)

@@ -30,7 +30,7 @@ cpu_shim.apply()
 import torch  # noqa: E402
 
 from megatron.core import parallel_state  # noqa: E402
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads  # noqa: E402
+from megatron.core.distributed import finalize_model_grads  # noqa: E402
 from megatron.core.optimizer import get_megatron_optimizer  # noqa: E402
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler  # noqa: E402
 from megatron.core.process_groups_config import ProcessGroupCollection  # noqa: E402
@@ -242,11 +242,8 @@ class Trainer:
             run, self.mllm, self.pp_rank, self.pg_collection, self.partition
         )
         self.model = self.model.to(self.device)
-        self.ddp_model = DistributedDataParallel(
-            config=self.mllm.language,
-            ddp_config=run.ddp,
-            module=self.model,
-            pg_collection=self.pg_collection,
+        self.ddp_model = distributed.wrap_ddp(
+            self.model, self.mllm.language, run.ddp, self.pg_collection
         )
         self.optimizer = get_megatron_optimizer(
             run.optimizer, [self.ddp_model], use_gloo_process_groups=False,
