@@ -39,7 +39,7 @@ median ratio and spread per variant over the rounds, and SEMU's predicted ratio 
 iterations beside it. The runs' losses must agree.
 
 Usage: python tools/bench/pipeline_cpu.py [--workload W] [--rounds R] [--iters N] [--warmup K]
-       [--calibration FILE] [--memory-limit F] [-- extra trainer flags]
+       [--calibration FILE|none] [--memory-limit F] [-- extra trainer flags]
 
 Ends with one line ``searched_over_greedy_measured: X`` (the median over the rounds of the
 crossover pairs' ratios; without the crossover, ``--variants`` without ``crossover``, of greedy's
@@ -57,7 +57,7 @@ import sys
 from cpu_runs import run_main_job
 
 from megatron.mllm.cli.progress import progress
-from megatron.mllm.config_files import find_config, load_run_config, set_flags
+from megatron.mllm.config_files import CONFIG_DIR, find_config, load_run_config, set_flags
 from orchestration.calibration import Calibration
 from pipeweaver.search.memory_limit import headroom_limit_gb
 from pipeweaver.semu.hardware import ClusterSpec
@@ -80,6 +80,9 @@ VARIANTS = {
     "in-step": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
                 "--no-plan-ahead", "--schedule-search-guard-interval", "0"],  # fmt: skip
 }
+SHIPPED_CALIBRATION = str(CONFIG_DIR / "calibration-cpu.json")
+"""The CPU calibration as shipped."""
+
 DEFAULT_VARIANTS = ("megatron", "1f1b", "greedy", "searched", "guarded", "crossover")
 
 CROSSOVER = ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200"]
@@ -173,7 +176,13 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=32, help="untimed iterations (the guard's "
                         "probe ends at iteration 32)")  # fmt: skip
-    parser.add_argument("--calibration", help="calibration JSON (tools/calibrate.py) for SEMU")
+    parser.add_argument(
+        "--calibration",
+        default=SHIPPED_CALIBRATION,
+        help=f"calibration JSON (tools/calibrate.py) for SEMU and the search (default "
+        f"{SHIPPED_CALIBRATION}; 'none': SEMU's CPU placeholders, which predict a quarter of "
+        "this host's step times)",
+    )
     parser.add_argument(
         "--memory-limit",
         type=float,
@@ -184,6 +193,8 @@ def main() -> None:
     parser.add_argument("--crossover-iters", type=int, default=80, help="crossover: per run")
     parser.add_argument("--crossover-warmup", type=int, default=16, help="crossover: untimed")
     args = parser.parse_args(argv)
+    if args.calibration == "none":
+        args.calibration = None
     # Every run scores its schedules with the same calibration: the host probe rescales a
     # calibration by the host's speed at each run's start-up, which drifts with the load, and
     # would make the runs' SEMU ratios compare different calibrations.
