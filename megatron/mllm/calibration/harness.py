@@ -83,11 +83,9 @@ def ddp_wrap(module: torch.nn.Module, run, pg):
     """``module`` in megatron-core's DDP with the run's DDP config, as the trainer wraps its
     model: the parameters get ``main_grad`` buffers and the per-parameter accumulation hooks
     that the trainer's backward runs."""
-    from megatron.core.distributed import DistributedDataParallel
+    from megatron.mllm.distributed import wrap_ddp
 
-    return DistributedDataParallel(
-        config=module.config, ddp_config=run.ddp, module=module, pg_collection=pg
-    )
+    return wrap_ddp(module, module.config, run.ddp, pg)
 
 
 def timed_pass(
