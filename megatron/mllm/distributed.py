@@ -48,6 +48,8 @@ def initialize_distributed(run) -> torch.device:
             logger.debug("no CUDA device: using the gloo backend instead of %s", backend)
         backend = "gloo"
         device = torch.device("cpu")
+    if backend == "gloo":
+        share_gloo_device()  # before the first group: every group then shares its device
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
@@ -80,6 +82,55 @@ def initialize_distributed(run) -> torch.device:
     with logs.demoted("megatron.core.rerun_state_machine"):
         rerun.initialize_rerun_state_machine(mode=rerun.RerunMode.DISABLED)
     return device
+
+
+_shared_gloo_device: list = []
+"""This process's one gloo transport device, once :func:`share_gloo_device` made it."""
+
+
+def share_gloo_device() -> bool:
+    """Make every gloo process group this process creates from now on use one transport device
+    (one thread, ``gloo_tcp_loop``, one epoll set) instead of one device per group; returns
+    whether it does (torch's backend registry as in 2.14, and not turned off with
+    ``ORCHWEAVE_GLOO_DEVICE_PER_GROUP=1``).
+
+    torch gives each gloo group a device of its own, whose thread wakes every 10 ms to poll its
+    sockets: megatron-core's parallel state and the runtime's send and receive groups make
+    24-26 groups per process on the CPU main job, so each rank's compute was interrupted some
+    2,500 times a second by threads with nothing to do, and the runtime's posts stalled now and
+    then for 80-1,200 ms (README, Running on CPU). A gloo device is made to carry the pairs of
+    many contexts; each group keeps its own context, pairs (connections), store prefix, ranks
+    and timeout."""
+    if os.environ.get("ORCHWEAVE_GLOO_DEVICE_PER_GROUP") == "1":
+        return False
+    registry = dist.Backend
+    if not (hasattr(registry, "_ensure_backend_registered") and hasattr(registry, "_plugins")):
+        return False
+    registry._ensure_backend_registered("gloo")
+    plugin = registry._plugins.get("GLOO")
+    if plugin is None or getattr(plugin.creator_fn, "shares_device", False):
+        return plugin is not None
+    from torch.distributed import ProcessGroupGloo
+
+    def create(opts, backend_options):
+        if not _shared_gloo_device:
+            _shared_gloo_device.append(ProcessGroupGloo.create_default_device())
+        options = ProcessGroupGloo._Options()
+        options._devices = [_shared_gloo_device[0]]
+        options._timeout = opts.timeout
+        options.enable_reconfigure = opts.enable_reconfigure
+        group = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, options)
+        group.options.global_ranks_in_group = opts.global_ranks_in_group
+        group.options.group_name = opts.group_id
+        return group
+
+    create.shares_device = True
+    try:
+        registry._plugins["GLOO"] = registry._BackendPlugin(create, True)
+    except TypeError:  # another torch's registry: keep its own gloo groups
+        logger.debug("torch's backend registry differs: a gloo device per process group")
+        return False
+    return True
 
 
 def wrap_ddp(module, config, ddp_config, pg_collection):

@@ -6,7 +6,10 @@ learns; so does a run alternating the searched and greedy orders for the benchma
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 from golden_losses import MAIN_JOB
 from launch import train_runs
 
@@ -35,9 +38,22 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    out = tmp_path_factory.mktemp("guard")
+def out(tmp_path_factory):
+    return tmp_path_factory.mktemp("guard")
+
+
+@pytest.fixture(scope="module")
+def records(out):
     return train_runs(out, {name: [*MAIN_JOB, *flags] for name, flags in RUNS.items()})
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux threads only")
+def test_every_gloo_group_of_the_runs_shared_one_transport_thread(out, records):
+    # megatron.mllm.distributed.share_gloo_device: megatron-core's groups and the runtime's
+    # send and receive groups (over 20 here) on one device, through three trainers in turn.
+    for rank in (0, 1):
+        for name in RUNS:
+            assert torch.load(out / name / f"rank{rank}.pt")["gloo_transport_threads"] == 1
 
 
 def test_the_guard_probes_decides_and_learns_what_greedy_learns(records):

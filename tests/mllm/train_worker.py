@@ -5,7 +5,8 @@ Usage: ``train_worker.py OUT_DIR NAME FLAGS... [--- NAME FLAGS...]``. Each confi
 for its ``--train-iters`` with a fresh trainer and writes its metrics to ``OUT_DIR/NAME.jsonl``
 (the trainer's own ``--metrics-jsonl``) and ``OUT_DIR/NAME/rank{R}.pt``: the last iteration's
 main gradients and the parameters after the last optimizer step, by layout-independent name
-(the form of ``grad_worker.py``'s files, for ``equivalence.merge``). One launch saves the
+(the form of ``grad_worker.py``'s files, for ``equivalence.merge``), and how many gloo transport
+threads the process has after the run. One launch saves the
 processes' start-up.
 """
 
@@ -29,6 +30,15 @@ def fresh_trainer(flags: list[str]) -> Trainer:
     return Trainer(RunConfig.from_args(parse_arguments(flags)))
 
 
+def gloo_transport_threads() -> int:
+    """This process's gloo transport threads (``gloo_tcp_loop``) now."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+            count += f.read().strip() == "gloo_tcp_loop"
+    return count
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     for name, flags in configurations(sys.argv[2:]):
@@ -37,7 +47,12 @@ def main() -> None:
         trainer.train()
         os.makedirs(os.path.join(out_dir, name), exist_ok=True)
         torch.save(
-            {"grads": trainer.main_grads(), "params": trainer.parameters_by_name(), "loss": None},
+            {
+                "grads": trainer.main_grads(),
+                "params": trainer.parameters_by_name(),
+                "loss": None,
+                "gloo_transport_threads": gloo_transport_threads(),
+            },
             os.path.join(out_dir, name, f"rank{dist.get_rank()}.pt"),
         )
         del trainer

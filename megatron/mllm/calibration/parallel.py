@@ -56,6 +56,7 @@ def single_rank_group():
 
     started = not dist.is_initialized()
     if started:
+        distributed.share_gloo_device()  # the transport a run has (initialize_distributed)
         dist.init_process_group(
             "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
         )
@@ -305,6 +306,7 @@ def parallel_worker(model: str, out: str, threads: int, reps: int) -> None:
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     torch.set_num_threads(threads)
+    distributed.share_gloo_device()  # the transport a run has (initialize_distributed)
     dist.init_process_group("gloo")
     loaded = measurement_run(model, world_size=2, pipeline=2)
     run, mllm = loaded.run, loaded.model
