@@ -6,8 +6,7 @@ for its ``--train-iters`` with a fresh trainer and writes its metrics to ``OUT_D
 (the trainer's own ``--metrics-jsonl``) and ``OUT_DIR/NAME/rank{R}.pt``: the last iteration's
 main gradients and the parameters after the last optimizer step, by layout-independent name
 (the form of ``grad_worker.py``'s files, for ``equivalence.merge``), and how many gloo transport
-threads the process has after the run. One launch saves the
-processes' start-up.
+threads the process has after the run. One launch saves the processes' start-up.
 """
 
 import os
