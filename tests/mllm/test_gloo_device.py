@@ -14,17 +14,11 @@ import pytest
 from launch import REPO, free_port
 
 SCRIPT = r"""
-import json, os, sys
+import json, sys
 from datetime import timedelta
 import torch, torch.distributed as dist
 from megatron.mllm.distributed import share_gloo_device
-
-def transport_threads():
-    count = 0
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            count += f.read().strip() == "gloo_tcp_loop"
-    return count
+from train_worker import gloo_transport_threads
 
 shared = share_gloo_device()
 again = share_gloo_device()
@@ -36,14 +30,15 @@ for k, group in enumerate(groups):
     t = torch.full((3,), float(k + 1))
     dist.all_reduce(t, group=group)
     sums.append(t.tolist())
-print(json.dumps({"shared": shared, "again": again, "threads": transport_threads(),
+print(json.dumps({"shared": shared, "again": again, "threads": gloo_transport_threads(),
                   "sums": sums}))
 dist.destroy_process_group()
 """
 
 
 def run_script(env_extra: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
+    path = os.pathsep.join([str(REPO), os.path.dirname(__file__)])  # train_worker's helper
+    env = dict(os.environ, PYTHONPATH=path, **env_extra)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(free_port())], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
