@@ -84,10 +84,6 @@ def initialize_distributed(run) -> torch.device:
     return device
 
 
-_shared_gloo_device: list = []
-"""This process's one gloo transport device, once :func:`share_gloo_device` made it."""
-
-
 def share_gloo_device() -> bool:
     """Make every gloo process group this process creates from now on use one transport device
     (one thread, ``gloo_tcp_loop``, one epoll set) instead of one device per group; returns
@@ -112,11 +108,11 @@ def share_gloo_device() -> bool:
         return plugin is not None
     from torch.distributed import ProcessGroupGloo
 
+    device = ProcessGroupGloo.create_default_device()  # called just before the first group
+
     def create(opts, backend_options):
-        if not _shared_gloo_device:
-            _shared_gloo_device.append(ProcessGroupGloo.create_default_device())
         options = ProcessGroupGloo._Options()
-        options._devices = [_shared_gloo_device[0]]
+        options._devices = [device]
         options._timeout = opts.timeout
         options.enable_reconfigure = opts.enable_reconfigure
         group = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, options)
