@@ -68,7 +68,7 @@ def _megatron_stages(placement: Placement) -> tuple[list[list[tuple[str, int]]],
             raise ScheduleError(
                 f"Megatron's schedules put pipeline stage {v} on rank {v % p}, but its first "
                 f"chunk ({module} chunk {c}) is on rank {placement.rank_of(module, c)}; use "
-                f"Placement.baseline, Placement.balanced_params or the dataflow generator"
+                f"Placement.baseline, Placement.balanced_stages or the dataflow generator"
             )
     if len(stages) % p != 0:
         raise ScheduleError(
@@ -134,7 +134,7 @@ def interleaved_one_f_one_b(
 
     Args:
         placement: pipeline stage v on rank v mod P (``Placement.baseline(P, layers, K)``,
-            ``Placement.balanced_params(P, params, K)``).
+            ``Placement.balanced_stages(P, params, K)``).
         structure: microbatches and subs; at least ``group_size`` microbatches.
         memory: memory strategy of every compute.
         group_size: microbatches per group (``microbatch_group_size_per_vp_stage``); default P.

@@ -3,15 +3,16 @@
 
 A module's layers are cut into contiguous chunks; chunk ``c`` of a module feeds chunk ``c + 1``,
 and chunk 0 holds the module's input layer, the last chunk its head (an encoder's projector, the
-LLM's output layer and loss). Two policies build placements:
+LLM's output layer and loss). These policies build placements:
 
 * :meth:`Placement.baseline`: upstream Megatron's, every encoder whole on rank 0 and the LLM
   split evenly (round robin over the ranks with virtual pipeline stages);
 * :meth:`Placement.interleaved`: DIP's, every module cut into P x K_i chunks, chunk j on rank
   j mod P;
-* :meth:`Placement.balanced_params`: Megatron's as DIP ran it (its baseline), the layers of
-  every module, encoders first, cut into P x K consecutive pipeline stages with balanced
-  parameters, stage v on rank v mod P (a stage may end one module and start the next);
+* :meth:`Placement.balanced_stages`: the layers of every module, encoders first, cut into P x K
+  consecutive pipeline stages of balanced weight, stage v on rank v mod P (a stage may end one
+  module and start the next): with parameters as weights, Megatron's as DIP ran it (its
+  baseline); with each layer's measured cost, stages of balanced time;
 * :meth:`Placement.from_splits`: the same rule over explicit layer ranges (the partitioner's
   splits by measured cost, :mod:`pipeweaver.search.partition`).
 """
@@ -244,11 +245,13 @@ class Placement:
         return cls(num_ranks, chunks)
 
     @classmethod
-    def balanced_params(
-        cls, num_ranks: int, layer_params: Mapping[str, Sequence[float]], chunks_per_rank: int = 1
+    def balanced_stages(
+        cls, num_ranks: int, layer_weights: Mapping[str, Sequence[float]], chunks_per_rank: int = 1
     ) -> "Placement":
-        """Megatron as DIP ran it: all layers, encoders first, cut into P x K consecutive
-        stages whose largest parameter count is the smallest possible; stage v on rank v mod P.
+        """All layers, encoders first, cut into P x K consecutive stages whose largest weight is
+        the smallest possible; stage v on rank v mod P. With parameter counts as the weights this
+        is Megatron as DIP ran it (``--pipeline-layout balanced``); with each layer's cost in a
+        typical iteration, stages of balanced time (``--pipeline-layout balanced-cost``).
 
         The layers are concatenated in :data:`~pipeweaver.ir.MODULES` order (encoders, then the
         LLM) and split by :func:`orchestration.packing.balanced_contiguous_split`; each module's
@@ -257,28 +260,29 @@ class Placement:
 
         Args:
             num_ranks: pipeline ranks P.
-            layer_params: per module present, the parameters of each of its layers (the input
-                layer counted in layer 0, the head in the last; e.g. SEMU's
-                ``ModelCosts.chunk_params(module, i, i + 1)``).
+            layer_weights: per module present, the weight of each of its layers (the input
+                layer counted in layer 0, the head in the last): parameters (e.g. SEMU's
+                ``ModelCosts.chunk_params(module, i, i + 1)``) or costs
+                (:func:`pipeweaver.search.partition.iteration_layer_costs`).
             chunks_per_rank: virtual pipeline stages per rank K (Megatron's
                 ``--num-virtual-stages-per-pipeline-rank``).
 
         Raises:
-            ScheduleError: no LLM, fewer layers than stages, or a negative parameter count.
+            ScheduleError: no LLM, fewer layers than stages, or a negative weight.
         """
         if chunks_per_rank < 1:
             raise ScheduleError(f"chunks_per_rank must be >= 1, got {chunks_per_rank}")
-        if not layer_params.get("llm"):
+        if not layer_weights.get("llm"):
             raise ScheduleError("a placement needs the llm module")
-        unknown = set(layer_params) - set(MODULES)
+        unknown = set(layer_weights) - set(MODULES)
         if unknown:
             raise ScheduleError(f"unknown modules {sorted(unknown)}")
         owner: list[tuple[str, int]] = []  # (module, layer) of each concatenated layer
         weights: list[float] = []
         for module in MODULES:
-            for i, w in enumerate(layer_params.get(module, ())):
+            for i, w in enumerate(layer_weights.get(module, ())):
                 if not w >= 0:
-                    raise ScheduleError(f"{module} layer {i} has {w} parameters; need >= 0")
+                    raise ScheduleError(f"{module} layer {i} has weight {w}; need >= 0")
                 owner.append((module, i))
                 weights.append(float(w))
         stages = num_ranks * chunks_per_rank

@@ -21,20 +21,11 @@ import sys
 import traceback
 from typing import Sequence
 
+from megatron.mllm.pipeline_arguments import check_pipeline
 from megatron.mllm.post_balance_arguments import check_post_balance
-from megatron.mllm.run_config import (
-    AUTO,
-    ENCODER_NAMES,
-    OPTION_GROUPS,
-    EncoderArgs,
-    PipelineConfig,
-    WorkloadConfig,
-)
+from megatron.mllm.run_config import AUTO, ENCODER_NAMES, OPTION_GROUPS, EncoderArgs, WorkloadConfig
 from orchestration.calibration import Calibration
 from orchestration.locality import node_wise_layout_problem
-from orchestration.measured_guard import check_interval
-from orchestration.workload import PHASES
-from pipeweaver.search.search_pool import check_workers
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +302,10 @@ def finish_arguments(args: argparse.Namespace) -> None:
     args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
     if args.synthetic_num_classes < 1:
         raise ConfigError("--synthetic-num-classes must be >= 1")
-    _check_pipeline(args)
+    try:
+        check_pipeline(args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.gpus_per_node is None:
         args.gpus_per_node = _default_gpus_per_node()
     if args.gpus_per_node < 1:
@@ -478,95 +472,6 @@ def _check_profiling(args: argparse.Namespace) -> None:
                 "--profile-png needs matplotlib, OrchWeave's optional extra 'plots': "
                 "pip install 'orchweave[plots]'"
             ) from None
-
-
-def _check_pipeline(args: argparse.Namespace) -> None:
-    for name in PHASES:
-        k = getattr(args, f"{name}_chunks_per_stage")
-        if k != AUTO and k < 1:
-            raise ConfigError(f"--{name}-chunks-per-stage must be >= 1 or auto")
-    if args.encoder_sub_microbatch_tokens < 0:
-        raise ConfigError("--encoder-sub-microbatch-tokens must be >= 0")
-    if args.schedule_search_budget_ms is not None and args.schedule_search_budget_ms < 0:
-        raise ConfigError("--schedule-search-budget-ms must be >= 0 (0: the greedy order)")
-    if args.schedule_search_rollouts < 1:
-        raise ConfigError("--schedule-search-rollouts must be >= 1")
-    try:
-        check_interval(args.schedule_search_guard_interval, "--schedule-search-guard-interval")
-        check_workers(args.schedule_search_workers, name="--schedule-search-workers")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    alt = args.schedule_search_alternate
-    if alt < 0:
-        raise ConfigError(f"--schedule-search-alternate must be >= 0 (0: off), got {alt}")
-    if alt and (args.pipeline_schedule != "dynamic" or not args.schedule_search_budget_ms):
-        raise ConfigError(
-            f"--schedule-search-alternate {alt} alternates the searched schedule with greedy's: "
-            "it needs --pipeline-schedule dynamic and --schedule-search-budget-ms > 0 (got "
-            f"--pipeline-schedule {args.pipeline_schedule}, --schedule-search-budget-ms "
-            f"{args.schedule_search_budget_ms})"
-        )
-    if args.pipeline_memory_limit_gb is not None:
-        if not args.pipeline_memory_limit_gb > 0:
-            raise ConfigError(
-                f"--pipeline-memory-limit-gb must be > 0, got {args.pipeline_memory_limit_gb}"
-            )
-        if args.pipeline_schedule != "dynamic" or args.schedule_search_budget_ms == 0:
-            raise ConfigError(
-                "--pipeline-memory-limit-gb applies to the searched dynamic pipeline "
-                "(--pipeline-schedule dynamic with --schedule-search-budget-ms > 0)"
-            )
-    size = args.encoder_sub_microbatch_size
-    if size != AUTO and size < 0:
-        raise ConfigError("--encoder-sub-microbatch-size must be >= 0 or auto")
-    if size and args.encoder_sub_microbatch_tokens:
-        raise ConfigError(
-            "--encoder-sub-microbatch-size and --encoder-sub-microbatch-tokens both cut the "
-            "encoders' sub-microbatches: give one of them"
-        )
-    schedule = args.pipeline_schedule
-    chunks = PipelineConfig(
-        **{f"{m}_chunks_per_stage": getattr(args, f"{m}_chunks_per_stage") for m in PHASES},
-        encoder_sub_microbatch_size=size,
-    )
-    auto = chunks.auto_flags
-    if auto and schedule != "dynamic":
-        raise ConfigError(
-            f"{auto[0]} auto needs --pipeline-schedule dynamic (the partitioner cuts every "
-            f"module over all stages), got --pipeline-schedule {schedule}"
-        )
-    if args.pipeline_layout == "balanced" and schedule not in ("1f1b", "interleaved"):
-        why = ("megatron-core's engine passes one LLM activation between stages, so the "
-               "encoders stay on stage 0" if schedule == "megatron"
-               else "it cuts every module over all stages itself")  # fmt: skip
-        raise ConfigError(
-            f"--pipeline-layout balanced needs --pipeline-schedule 1f1b or interleaved "
-            f"(--pipeline-schedule {schedule}: {why})"
-        )
-    if schedule == "megatron":
-        if args.pipeline_recompute != "none":
-            raise ConfigError(
-                "--pipeline-recompute applies to OrchWeave's runtime; with --pipeline-schedule "
-                "megatron use Megatron's --recompute-granularity"
-            )
-        return
-    pp = args.pipeline_model_parallel_size
-    for name, k in chunks.chunks_per_stage().items():
-        # 1f1b and interleaved keep the encoders whole (K counts for the LLM only, and only
-        # with interleaved); dynamic cuts every module.
-        if schedule != "dynamic" and name != "llm":
-            continue
-        k = 1 if schedule == "1f1b" or k == AUTO else k
-        layers = args.num_layers if name == "llm" else getattr(args, f"{name}_num_layers")
-        if layers and layers < pp * k:
-            flag = f"--{name}-chunks-per-stage {k}"
-            if getattr(args, f"{name}_chunks_per_stage") == AUTO:
-                flag = f"--{name}-chunks-per-stage auto (at least 1)"
-            raise ConfigError(
-                f"--pipeline-schedule {schedule} cuts the {name} module into "
-                f"--pipeline-model-parallel-size {pp} x {flag} chunks, "
-                f"but it has only {layers} layers"
-            )
 
 
 def _default_gpus_per_node() -> int:

@@ -169,7 +169,7 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
             # As Megatron's flag asks (the trainer shards the optimizer state the same way).
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
             distributed_optimizer_instances=int(run.ddp.num_distributed_optimizer_instances),
-            pipeline_layout=run.pipeline.pipeline_layout,
+            pipeline_layout=run.pipeline.pipeline_layout or "",
         ),
         training=TrainingSetup(
             micro_batch_size=run.micro_batch_size,
@@ -194,11 +194,14 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
 def _llm_chunks_per_rank(run: RunConfig, language) -> int:
     """The LLM's chunks per pipeline rank in Megatron's schedules: megatron-core's virtual
     stages, or the runtime's ``--llm-chunks-per-stage`` under ``--pipeline-schedule
-    interleaved``."""
+    interleaved`` (and ``dynamic`` on a layout of Megatron's stages)."""
     if language.virtual_pipeline_model_parallel_size:
         return language.virtual_pipeline_model_parallel_size
-    if run.pipeline.pipeline_schedule == "interleaved":
-        return int(run.pipeline.llm_chunks_per_stage)
+    p = run.pipeline
+    if p.pipeline_schedule == "interleaved" or (
+        p.pipeline_schedule == "dynamic" and p.layout != "interleaved"
+    ):
+        return int(p.llm_chunks_per_stage)
     return 1
 
 

@@ -22,6 +22,7 @@ from pipeweaver.search.partition import (
     CalibratedCosts,
     FlopCosts,
     PartitionPlan,
+    iteration_layer_costs,
     plan_partition,
     workload_shape,
 )
@@ -54,33 +55,8 @@ def partition_plan(
     if not p.auto_flags or not run.uses_runtime:
         return None
     layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
-    present = [m for m, n in layers.items() if n > 0]
-    costs, source = FlopCosts(mllm.shape()), "from the model's FLOPs"
-    calibration = calibration or run.balance.cost_calibration
-    if calibration:
-        name = "given"
-        if not isinstance(calibration, Calibration):
-            name = os.path.basename(calibration)
-            calibration = Calibration.load(calibration)
-        calibrated = CalibratedCosts(calibration)
-        if calibrated.covers(present):
-            costs, source = calibrated, f"measured ({name})"
-        else:
-            source += f" ({name} does not cover every module)"
-    w = run.workload
-    stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
-    # Megatron's sampler gives every microbatch an aligned run of micro-batch-size samples
-    # (microbatch_indices), whatever the DP size: the plan of a resumed run with another DP
-    # size or more iterations is the same.
-    mbs = run.micro_batch_size
-    microbatches = [
-        [stream.meta(k) for k in range(i * mbs, (i + 1) * mbs)]
-        for i in range(
-            max(1, min(SUMMARY_ITERATIONS * run.global_batch_size, SUMMARY_SAMPLES) // mbs)
-        )
-    ]
+    costs, source, microbatches = _costs_and_workload(run, mllm, layers, calibration)
     shape = workload_shape(microbatches, list(mllm.encoders))
-    source += f", workload {w.workload}: {len(microbatches)} microbatches"
     chunks = {name: None if k == AUTO else int(k) for name, k in p.chunks_per_stage().items()}
     size = p.encoder_sub_microbatch_size
     given = "--encoder-sub-microbatch-size" if size else "a typical microbatch's units"
@@ -113,6 +89,55 @@ def partition_plan(
         )
     except ScheduleError as e:
         raise ConfigError(f"{p.auto_flags[0]} auto: {e}") from None
+
+
+def layer_costs(
+    run: RunConfig, mllm: "MLLMConfig", calibration: Calibration | str | None = None
+) -> tuple[dict[str, list[float]], str]:
+    """Each layer's cost over the workload's first iterations, for ``--pipeline-layout
+    balanced-cost`` (:func:`pipeweaver.search.partition.iteration_layer_costs`), and where
+    the costs came from (for the start-up line).
+
+    Args: those of :func:`partition_plan`.
+    """
+    layers = {m: mllm.num_layers(m) for m in (*mllm.encoders, "llm")}
+    costs, source, microbatches = _costs_and_workload(run, mllm, layers, calibration)
+    weights = iteration_layer_costs(costs, layers, microbatches)
+    return weights, f"{costs.unit} {source}"
+
+
+def _costs_and_workload(run: RunConfig, mllm: "MLLMConfig", layers: dict[str, int],
+                        calibration: Calibration | str | None) -> tuple:  # fmt: skip
+    """The per-layer costs (measured when a calibration covers every module, else FLOPs), what
+    they are, and the workload's first iterations as microbatches in Megatron's sampler order.
+    """
+    present = [m for m, n in layers.items() if n > 0]
+    costs, source = FlopCosts(mllm.shape()), "from the model's FLOPs"
+    calibration = calibration or run.balance.cost_calibration
+    if calibration:
+        name = "given"
+        if not isinstance(calibration, Calibration):
+            name = os.path.basename(calibration)
+            calibration = Calibration.load(calibration)
+        calibrated = CalibratedCosts(calibration)
+        if calibrated.covers(present):
+            costs, source = calibrated, f"measured ({name})"
+        else:
+            source += f" ({name} does not cover every module)"
+    w = run.workload
+    stream = SampleStream(w.workload, w.workload_seed, w.workload_token_scale)
+    # Megatron's sampler gives every microbatch an aligned run of micro-batch-size samples
+    # (microbatch_indices), whatever the DP size: the plan of a resumed run with another DP
+    # size or more iterations is the same.
+    mbs = run.micro_batch_size
+    microbatches = [
+        [stream.meta(k) for k in range(i * mbs, (i + 1) * mbs)]
+        for i in range(
+            max(1, min(SUMMARY_ITERATIONS * run.global_batch_size, SUMMARY_SAMPLES) // mbs)
+        )
+    ]
+    source += f", workload {w.workload}: {len(microbatches)} microbatches"
+    return costs, source, microbatches
 
 
 def sub_microbatch_units(run: RunConfig, plan: PartitionPlan | None) -> dict[str, int] | None:

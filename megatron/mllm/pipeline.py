@@ -55,26 +55,38 @@ def runtime_placement(
     mllm: MLLMConfig,
     chunks_per_stage: Mapping[str, int],
     partition: PartitionPlan | None = None,
-    layout: str = "baseline",
+    layout: str | None = None,
+    layer_costs: Mapping[str, Sequence[float]] | None = None,
 ) -> Placement:
-    """Where every chunk lives for a runtime schedule.
+    """Where every chunk lives for a runtime schedule (``--pipeline-layout``, ``layout``; None:
+    the schedule's default, ``interleaved`` for ``dynamic``, else ``baseline``).
 
-    ``1f1b`` and ``interleaved`` keep upstream Megatron's layout (encoders whole on stage 0, the
-    LLM cut into P x K chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B), or with
-    ``layout="balanced"`` (``--pipeline-layout``) cut every layer, encoders first, into P x K
-    consecutive stages of balanced parameters (:func:`pipeweaver.semu.scenario.shape_layer_params`,
-    the placement SEMU simulates for ``--placement balanced``); ``dynamic`` cuts every module i
-    into P x K_i chunks, chunk j on stage j mod P: evenly by layer count, or by measured cost as
-    the partitioner split them (``partition``, with ``--*-chunks-per-stage auto``).
+    ``baseline`` is upstream Megatron's layout (encoders whole on stage 0, the LLM cut into P x K
+    chunks round robin, K = ``chunks_per_stage["llm"]``, 1 for 1F1B); ``balanced`` cuts every
+    layer, encoders first, into P x K consecutive stages of balanced parameters
+    (:func:`pipeweaver.semu.scenario.shape_layer_params`, the placement SEMU simulates for
+    ``--placement balanced``), ``balanced-cost`` the same by ``layer_costs``
+    (:func:`megatron.mllm.partitioning.layer_costs`); ``interleaved`` (``dynamic`` only) cuts
+    every module i into P x K_i chunks, chunk j on stage j mod P: evenly by layer count, or by
+    measured cost as the partitioner split them (``partition``, with ``--*-chunks-per-stage
+    auto``).
+
+    Raises:
+        ValueError: ``balanced-cost`` without ``layer_costs``.
     """
     layers = module_layers(mllm)
-    if schedule == "dynamic" and partition is not None:
-        return partition.placement()
-    if schedule == "dynamic":
+    layout = layout or ("interleaved" if schedule == "dynamic" else "baseline")
+    if layout == "interleaved":
+        if partition is not None:
+            return partition.placement()
         return Placement.interleaved(pp_size, layers, chunks_per_stage)
-    k = chunks_per_stage.get("llm", 1) if schedule == "interleaved" else 1
+    k = 1 if schedule == "1f1b" else chunks_per_stage.get("llm", 1)
     if layout == "balanced":
-        return Placement.balanced_params(pp_size, shape_layer_params(mllm.shape()), k)
+        return Placement.balanced_stages(pp_size, shape_layer_params(mllm.shape()), k)
+    if layout == "balanced-cost":
+        if layer_costs is None:
+            raise ValueError("--pipeline-layout balanced-cost needs each layer's cost")
+        return Placement.balanced_stages(pp_size, layer_costs, k)
     return Placement.baseline(pp_size, layers, llm_chunks_per_rank=k)
 
 
@@ -134,6 +146,12 @@ class RuntimeModel(PlacedModel):
         super().__init__(mllm, placement, pp_rank)
         self.partition: PartitionPlan | None = None
         """The partitioner's plan this placement came from, if any (set by its builder)."""
+        self.layout = ""
+        """``--pipeline-layout`` as it resolved, for the setup line (set by its builder)."""
+        self.layer_costs: Mapping[str, Sequence[float]] | None = None
+        """With ``balanced-cost``, each layer's cost the stages were balanced by, and its unit
+        and source (``layer_costs_source``), for the setup line (set by its builder)."""
+        self.layer_costs_source = ""
         self.chunks = nn.ModuleDict()
         self._chunk_modules: dict[tuple[str, int], RuntimeChunk] = {}
         for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
@@ -150,7 +168,22 @@ class RuntimeModel(PlacedModel):
             f"{n}: {e.num_layers} layers x {e.hidden_size}" for n, e in self.mllm.encoders.items()
         )
         lang = self.mllm.language
-        return f"encoders: {encoders} | LLM {lang.num_layers} layers x {lang.hidden_size}"
+        text = f"encoders: {encoders} | LLM {lang.num_layers} layers x {lang.hidden_size}"
+        if not self.layout:
+            return text
+        costs = self.layer_costs
+        total = sum(sum(c) for c in costs.values()) if costs is not None else 0.0
+        stages = []
+        for rank in range(self.placement.num_ranks):
+            held, cost = [], 0.0
+            for module, c in self.placement.chunks_on(rank):
+                a, b = self.placement.layer_range(module, c)
+                held.append(f"{module} [{a},{b})")
+                cost += sum(costs[module][a:b]) if costs is not None else 0.0
+            share = f" ({cost / total:.0%} of the cost)" if total > 0 else ""
+            stages.append(f"{rank}: {' '.join(held)}{share}")
+        source = f" (costs: {self.layer_costs_source})" if costs is not None else ""
+        return f"{text} | {self.layout} stages{source}: {'; '.join(stages)}"
 
     def chunk_module(self, module: str, chunk: int) -> RuntimeChunk:
         """The runtime's view of one chunk on this rank."""

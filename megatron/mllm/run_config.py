@@ -218,14 +218,15 @@ class PipelineConfig:
     pipeline_schedule: Literal["megatron", "1f1b", "interleaved", "dynamic"] = "megatron"
     """megatron: megatron-core's own engine (encoders on stage 0, fixed padded shapes). 1f1b /
     interleaved: the same orders in OrchWeave's schedule IR, run by its runtime (no padding).
-    dynamic: every module cut into chunks over all stages, a new greedy dual-queue order every
-    batch."""
+    dynamic: a new greedy dual-queue (or searched) order every batch."""
 
-    pipeline_layout: Literal["baseline", "balanced"] = "baseline"
-    """1f1b / interleaved: where the layers live. baseline: upstream Megatron's LLaVA layout
-    (every encoder whole on stage 0, the LLM's layers split evenly). balanced: DIP's Megatron
-    baseline, every layer (encoders first, then the LLM) cut into pipeline-size x K consecutive
-    stages with balanced parameters, stage v on rank v mod P, so an encoder may span stages."""
+    pipeline_layout: Literal["baseline", "balanced", "balanced-cost", "interleaved"] | None = None
+    """Where the layers live (runtime schedules). baseline: Megatron's LLaVA layout, encoders
+    whole on stage 0, the LLM split evenly. balanced: every layer, encoders first, in
+    pipeline-size x K consecutive stages of balanced parameters (DIP's Megatron baseline);
+    balanced-cost: of balanced cost in the workload's first iterations (--cost-calibration, else
+    FLOPs). interleaved: module i in pipeline-size x K_i chunks, chunk j on stage j mod P
+    (dynamic only). Default: interleaved for dynamic, else baseline."""
 
     vision_chunks_per_stage: int | Literal["auto"] = 1
     """K: the vision encoder is cut into pipeline-size x K chunks, chunk j on stage j mod P
@@ -308,6 +309,12 @@ class PipelineConfig:
         if self.encoder_sub_microbatch_size == AUTO:
             flags.append("--encoder-sub-microbatch-size")
         return flags
+
+    @property
+    def layout(self) -> str:
+        """``--pipeline-layout``, or the schedule's default when not given."""
+        default = "interleaved" if self.pipeline_schedule == "dynamic" else "baseline"
+        return self.pipeline_layout or default
 
     @property
     def uses_runtime(self) -> bool:
@@ -510,6 +517,12 @@ class RunConfig:
     def num_microbatches(self) -> int:
         """Microbatches per DP rank per iteration, as Megatron loads them."""
         return self.global_batch_size // (self.micro_batch_size * self.parallel.data)
+
+    @property
+    def layout(self) -> str:
+        """``--pipeline-layout``, or the schedule's default when not given."""
+        default = "interleaved" if self.pipeline_schedule == "dynamic" else "baseline"
+        return self.pipeline_layout or default
 
     @property
     def uses_runtime(self) -> bool:

@@ -4,7 +4,7 @@
 Each step adds one of DIP's techniques to the previous one, on one step's microbatches:
 
 1. ``megatron``: DIP's baseline, Megatron's (interleaved) 1F1B on the parameter-balanced layout
-   (:meth:`~pipeweaver.placement.Placement.balanced_params`: every module's layers, encoders
+   (:meth:`~pipeweaver.placement.Placement.balanced_stages`: every module's layers, encoders
    first, in P x K consecutive stages), whole microbatches padded to the sequence length as
    Megatron pads, and the least recompute that fits, as a user would choose it: none, else
    Megatron's block recompute of each chunk's first n layers (``--recompute-granularity full

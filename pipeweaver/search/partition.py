@@ -324,6 +324,43 @@ def _module_parts(
     return parts
 
 
+def iteration_layer_costs(
+    costs: ModuleCosts, layers: Mapping[str, int], microbatches: Sequence[Sequence[SampleMeta]]
+) -> dict[str, list[float]]:
+    """Each layer's cost summed over ``microbatches`` (the input layer's added to layer 0, the
+    head's to the last): the weights of pipeline stages of balanced time
+    (:meth:`~pipeweaver.placement.Placement.balanced_stages`).
+
+    Every microbatch is costed with its own samples, not a typical one's: a layer's cost is not
+    linear in its tokens (per-call constants), and an encoder runs only in the microbatches that
+    hold its units.
+
+    Args:
+        costs: per-layer costs (:class:`CalibratedCosts` or :class:`FlopCosts`).
+        layers: transformer layers per module present (0 = absent).
+        microbatches: samples per microbatch (e.g. the run's first iterations).
+    """
+    out: dict[str, list[float]] = {}
+    for module in MODULES:
+        n = layers.get(module, 0)
+        if n <= 0:
+            continue
+        total = [0.0] * n
+        for mb in microbatches:
+            if module == "llm":
+                seq, rows = [s.llm_tokens for s in mb], 0
+            else:
+                items = [item for s in mb for item in s.encoder_items(module)]
+                seq = [u for item in items for u in item.units]
+                rows = sum(item.llm_tokens for item in items)
+            if not seq:
+                continue
+            for i, c in enumerate(_module_parts(costs, module, seq, rows, n)):
+                total[i] += c
+        out[module] = total
+    return out
+
+
 def plan_partition(
     layers: Mapping[str, int],
     num_ranks: int,

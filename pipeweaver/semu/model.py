@@ -60,9 +60,9 @@ class ParallelLayout:
     are all-reduced across the copies (:mod:`pipeweaver.semu.dp_groups`). 1: over the whole
     DP group."""
 
-    pipeline_layout: str = "baseline"
-    """Layers of Megatron's schedules (``--pipeline-layout``): ``baseline`` (encoders whole on
-    stage 0) or ``balanced`` (consecutive stages of balanced parameters)."""
+    pipeline_layout: str = ""
+    """The trainer's ``--pipeline-layout`` when given (:data:`pipeweaver.semu.scenario.PLACEMENTS`;
+    ``""``: each schedule's default, :func:`pipeweaver.semu.scenario.placement_kind`)."""
 
     def __post_init__(self) -> None:
         if self.data_parallel_sharding not in FSDP_SHARDING:

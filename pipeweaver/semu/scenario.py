@@ -18,7 +18,7 @@ from orchestration.workload_spec import SampleStream
 from pipeweaver.checker import check
 from pipeweaver.generators import generate
 from pipeweaver.interleave import flops_durations, greedy_dual_queue
-from pipeweaver.ir import Memory
+from pipeweaver.ir import Memory, ScheduleError
 from pipeweaver.placement import Placement
 from pipeweaver.schedule import Schedule
 from pipeweaver.search.partition import PartitionPlan
@@ -34,16 +34,17 @@ for PP = 1, ``1f1b``, or ``interleaved`` with virtual stages); ``dynamic`` is th
 ``--pipeline-schedule dynamic`` (greedy dual-queue interleaving); the others are
 :data:`pipeweaver.generators.GENERATORS`."""
 
-PLACEMENTS: tuple[str, ...] = ("baseline", "balanced", "interleaved")
+PLACEMENTS: tuple[str, ...] = ("baseline", "balanced", "balanced-cost", "interleaved")
 """Placement policies: :meth:`Placement.baseline` (upstream Megatron's encoders on stage 0),
-``balanced`` (:meth:`Placement.balanced_params`, DIP's Megatron baseline: every module's layers,
-encoders first, in P x K stages of balanced parameters, K the config's virtual stages) and
+``balanced`` (:meth:`Placement.balanced_stages`, DIP's Megatron baseline: every module's layers,
+encoders first, in P x K stages of balanced parameters, K the config's virtual stages),
+``balanced-cost`` (the same stages balanced by each layer's cost, ``layer_costs``) and
 :meth:`Placement.interleaved`."""
 
 
 def shape_layer_params(shape: ModelShape) -> dict[str, list[float]]:
     """Per module present, the parameters of each layer (the input layer counted in layer 0,
-    the head in the last), for :meth:`Placement.balanced_params`: the trainer's
+    the head in the last), for :meth:`Placement.balanced_stages`: the trainer's
     ``--pipeline-layout balanced`` and SEMU's ``balanced`` placement both cut by these."""
     out = {}
     for module in (*shape.encoders, "llm"):
@@ -123,6 +124,7 @@ def build_step(
     run_checker: bool = True,
     balance: Callable[[SampleSource, Packer], list[list[MicrobatchMeta]]] | None = None,
     check_samples: Callable[[Sequence[Sequence[tuple[int, SampleMeta]]]], None] | None = None,
+    layer_costs: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[list[Schedule], list[list[MicrobatchMeta]], dict[str, Any]]:
     """The schedules and microbatches of one step, per DP replica.
 
@@ -131,7 +133,7 @@ def build_step(
         cluster: the devices (DP follows from their number).
         schedule: one of :data:`SCHEDULES`.
         placement: one of :data:`PLACEMENTS`; default the config's ``--pipeline-layout`` for
-            Megatron's schedules, else :func:`placement_kind`'s.
+            the trainer's runtime schedules, else :func:`placement_kind`'s.
         chunks_per_rank: interleaved placement: chunks per rank of each module (default 1; the
             LLM's defaults to the config's virtual stages). The baseline and balanced
             placements take the config's virtual stages instead.
@@ -231,15 +233,19 @@ def build_step(
             if pp == 1
             else ("interleaved" if spec.parallel.llm_chunks_per_rank > 1 else "1f1b")
         )
-    if placement is None and name in ("1f1b", "interleaved"):
-        placement = spec.parallel.pipeline_layout  # the trainer's --pipeline-layout
+    if placement is None and name in ("1f1b", "interleaved", "dynamic"):
+        placement = spec.parallel.pipeline_layout or None  # the trainer's --pipeline-layout
     kind = placement_kind(name, placement)
     if kind == "baseline":
         layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
     elif kind == "balanced":
-        layout = Placement.balanced_params(
+        layout = Placement.balanced_stages(
             pp, layer_params(spec), spec.parallel.llm_chunks_per_rank
         )
+    elif kind == "balanced-cost":
+        if layer_costs is None:
+            raise ScheduleError("the balanced-cost placement needs each layer's cost")
+        layout = Placement.balanced_stages(pp, layer_costs, spec.parallel.llm_chunks_per_rank)
     elif partition is not None:
         layout = partition.placement()
     else:

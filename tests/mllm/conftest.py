@@ -15,6 +15,7 @@ SEARCH = ["--schedule-search-rollouts", "4", "--schedule-search-budget-ms", "600
 DYNAMIC = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic", *SEARCH]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 LAYOUT_BALANCED = ["--pipeline-layout", "balanced"]
+LAYOUT_COST = ["--pipeline-layout", "balanced-cost"]
 RECOMPUTE = {
     "full-uniform": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                      "--recompute-num-layers", "1"],
@@ -98,6 +99,10 @@ def world2(tmp_path_factory, references, workload_dir):
         "pp2-1f1b-balanced": [*PP2, "--pipeline-schedule", "1f1b", *LAYOUT_BALANCED],
         "pp2-interleaved-balanced": [*PP2, "--pipeline-schedule", "interleaved",
                                      "--llm-chunks-per-stage", "2", *LAYOUT_BALANCED],  # fmt: skip
+        # Stages of balanced cost (the model's FLOPs here), for 1F1B and the searched dynamic
+        # pipeline, which then runs on Megatron's stages instead of cutting every module.
+        "pp2-1f1b-balanced-cost": [*PP2, "--pipeline-schedule", "1f1b", *LAYOUT_COST],
+        "pp2-dynamic-balanced-cost": [*DYNAMIC, *LAYOUT_COST],
         "variable-dp2-balanced": [*variable, *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip

@@ -4,17 +4,21 @@
 The PP=2 runs come from the ``world2`` launch (``conftest.py``): Megatron's recompute settings
 must learn what one process learns, and SEMU's activation memory for each must match the
 bytes autograd kept in the run (counted as ``tools/bench/semu_memory_probe.py`` counts them);
-``--pipeline-layout balanced`` must learn the same and be the placement SEMU simulates.
+``--pipeline-layout balanced`` (and ``balanced-cost``, also under the dynamic pipeline) must learn
+the same and be the placement SEMU simulates.
 """
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from conftest import LAYOUT_BALANCED, PP2, RECOMPUTE
+from conftest import LAYOUT_BALANCED, LAYOUT_COST, PP2, RECOMPUTE
 from equivalence import PEAK_SAVED_BYTES, TINY, assert_equivalent
 
 from megatron.mllm.arguments import ConfigError
 from megatron.mllm.config_files import run_from_flags
+from megatron.mllm.partitioning import layer_costs
 from megatron.mllm.pipeline import runtime_placement
 from megatron.mllm.prediction import run_cluster
 from pipeweaver.placement import Placement
@@ -23,7 +27,12 @@ from pipeweaver.semu.simulator import Semu
 
 pytestmark = pytest.mark.multiproc
 
-BALANCED_RUNS = ["pp2-1f1b-balanced", "pp2-interleaved-balanced"]
+BALANCED_RUNS = [
+    "pp2-1f1b-balanced",
+    "pp2-interleaved-balanced",
+    "pp2-1f1b-balanced-cost",
+    "pp2-dynamic-balanced-cost",
+]
 
 
 @pytest.mark.parametrize("run", [*(f"memory-{name}" for name in RECOMPUTE), *BALANCED_RUNS])
@@ -47,27 +56,65 @@ def test_semu_activation_memory_under_recompute_matches_the_run(setting, world2)
     assert step.step_time_s > plain_step.step_time_s
 
 
-@pytest.mark.parametrize("schedule, k", [("1f1b", 1), ("interleaved", 2)])
-def test_semu_simulates_the_trainers_balanced_layout(schedule, k):
+@pytest.mark.parametrize(
+    "schedule, k, layout",
+    [("1f1b", 1, "balanced"), ("interleaved", 2, "balanced"), ("1f1b", 1, "balanced-cost"),
+     ("dynamic", 1, "balanced-cost"), ("dynamic", 2, "baseline")],
+)  # fmt: skip
+def test_semu_simulates_the_trainers_layout(schedule, k, layout):
     flags = [*TINY, *PP2, "--pipeline-schedule", schedule, "--llm-chunks-per-stage", str(k)]
-    loaded = run_from_flags([*flags, *LAYOUT_BALANCED], 2)
-    trainer = runtime_placement(schedule, 2, loaded.model, {"llm": k}, layout="balanced")
-    schedules, _, info = build_step(loaded.semu, run_cluster(2, 2), schedule=schedule, pad=False)
-    assert info["placement"] == "balanced"
-    assert schedules[0].placement == trainer
-    # It is not the encoders-on-stage-0 layout, which stays the default.
-    assert trainer != Placement.baseline(2, loaded.semu.layers(), k)
-    baseline = run_from_flags(flags, 2)
-    assert runtime_placement(schedule, 2, baseline.model, {"llm": k}) == Placement.baseline(
-        2, baseline.semu.layers(), k
+    loaded = run_from_flags([*flags, "--pipeline-layout", layout], 2)
+    costs = None
+    if layout == "balanced-cost":
+        costs, source = layer_costs(loaded.run, loaded.model)
+        assert source.startswith("GFLOP from the model's FLOPs")
+    trainer = runtime_placement(
+        schedule, 2, loaded.model, {"llm": k}, layout=layout, layer_costs=costs
     )
+    schedules, _, info = build_step(
+        loaded.semu, run_cluster(2, 2), schedule=schedule, pad=False, layer_costs=costs
+    )
+    assert info["placement"] == layout
+    assert schedules[0].placement == trainer
+    if layout == "baseline":
+        assert trainer == Placement.baseline(2, loaded.semu.layers(), k)
+        return
+    # Neither is the encoders-on-stage-0 layout, which stays the default of Megatron's
+    # schedules (the dynamic pipeline's is DIP's, every module cut).
+    assert trainer != Placement.baseline(2, loaded.semu.layers(), k)
+    default = run_from_flags(flags, 2)
+    placement = runtime_placement(schedule, 2, default.model, {"llm": k})
+    if schedule == "dynamic":
+        assert placement == Placement.interleaved(2, default.semu.layers(), {"llm": k})
+    else:
+        assert placement == Placement.baseline(2, default.semu.layers(), k)
+
+
+def test_the_cost_balanced_layout_is_not_the_parameter_balanced_one():
+    # With the model's FLOPs the vision encoder's layers cost the most per parameter: the
+    # stages of balanced cost give the audio encoder to stage 1, those of balanced parameters
+    # keep both encoders on stage 0.
+    loaded = run_from_flags([*TINY, *PP2, "--pipeline-schedule", "1f1b", *LAYOUT_COST], 2)
+    costs, _ = layer_costs(loaded.run, loaded.model)
+    by_cost = runtime_placement("1f1b", 2, loaded.model, {}, layout="balanced-cost",
+                                layer_costs=costs)  # fmt: skip
+    by_params = runtime_placement("1f1b", 2, loaded.model, {}, layout="balanced")
+    assert by_cost.chunks_on(0) == [("vision", 0)]
+    assert by_params.chunks_on(0) == [("vision", 0), ("audio", 0)]
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
-        ([*LAYOUT_BALANCED], "--pipeline-layout balanced needs --pipeline-schedule 1f1b or"),
-        ([*LAYOUT_BALANCED, "--pipeline-schedule", "dynamic"], "--pipeline-schedule dynamic:"),
+        ([*LAYOUT_BALANCED], "--pipeline-layout balanced needs one of OrchWeave's runtime"),
+        (["--pipeline-schedule", "1f1b", "--pipeline-layout", "interleaved"],
+         "--pipeline-layout interleaved cuts every module over all stages, which only"),
+        (["--pipeline-schedule", "dynamic", *LAYOUT_COST, "--vision-chunks-per-stage", "2"],
+         "--vision-chunks-per-stage 2 cuts the vision encoder into chunks of its own"),
+        (["--pipeline-schedule", "dynamic", *LAYOUT_COST, "--llm-chunks-per-stage", "auto"],
+         "--llm-chunks-per-stage auto (DIP's partitioner) cuts every module"),
+        (["--pipeline-schedule", "dynamic", *LAYOUT_BALANCED, "--llm-chunks-per-stage", "5"],
+         "--pipeline-layout balanced cuts all 8 layers into"),
         (["--recompute-granularity", "full"], "--recompute-granularity full needs"),
         (["--recompute-granularity", "selective", "--recompute-num-layers", "2"],
          "--recompute-num-layers applies to --recompute-granularity full only"),
@@ -76,5 +123,5 @@ def test_semu_simulates_the_trainers_balanced_layout(schedule, k):
     ],
 )  # fmt: skip
 def test_flags_the_baselines_cannot_run_are_one_error_naming_them(flags, message):
-    with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         run_from_flags([*TINY, *PP2, *flags], 2)

@@ -84,7 +84,7 @@ def test_every_step_runs_and_is_valid_without_pressure():
         assert s.fits and s.step_time_s > 0
         assert _recomputed(s.schedule) == 0  # the toy model fits 80 GB without recompute
     base, part = steps[0].schedule.placement, steps[1].schedule.placement
-    # Step 1 runs on the balanced layout (the stages of Placement.balanced_params), steps 2-5
+    # Step 1 runs on the balanced layout (the stages of Placement.balanced_stages), steps 2-5
     # on the partitioner's: vision chunk j and LLM chunk j on rank j.
     assert [len(st) for st in base.stages()] and len(base.stages()) == 2
     assert {m: [cp.rank for cp in cps] for m, cps in part.chunks.items()} == {

@@ -45,9 +45,9 @@ def _stage_params(pl: Placement, params: dict[str, list[float]]) -> list[float]:
 
 
 @pytest.mark.parametrize("seed,p,k", itertools.product(range(4), [2, 3], [1, 2]))
-def test_balanced_params_is_the_brute_force_optimum(seed, p, k):
+def test_balanced_stages_is_the_brute_force_optimum(seed, p, k):
     params = _layer_params(seed)
-    pl = Placement.balanced_params(p, params, k)
+    pl = Placement.balanced_stages(p, params, k)
     flat = [w for m in MODULES for w in params.get(m, [])]
     stages = pl.stages()
     assert len(stages) == p * k
@@ -62,10 +62,10 @@ def test_balanced_params_is_the_brute_force_optimum(seed, p, k):
     assert sum(_stage_params(pl, params)) == sum(flat)
 
 
-def test_balanced_params_spans_an_encoder_over_stages():
+def test_balanced_stages_spans_an_encoder_over_stages():
     # 4 4 | 4 4 | 4 3 | 1 1 3: the largest stage holds 8 (two vision layers; no split does
     # better), and stage 2 ends the vision encoder and starts the LLM on one rank.
-    pl = Placement.balanced_params(4, {"vision": [4] * 5, "llm": [3, 1, 1, 3]})
+    pl = Placement.balanced_stages(4, {"vision": [4] * 5, "llm": [3, 1, 1, 3]})
     assert [(cp.rank, cp.start, cp.stop) for cp in pl.chunks["vision"]] == [
         (0, 0, 2),
         (1, 2, 4),
@@ -80,13 +80,13 @@ def test_balanced_params_spans_an_encoder_over_stages():
     ]
 
 
-def test_balanced_params_rejects_bad_input():
+def test_balanced_stages_rejects_bad_input():
     with pytest.raises(ScheduleError, match="8 non-empty pipeline stages"):
-        Placement.balanced_params(4, {"vision": [1], "llm": [1, 1]}, 2)
+        Placement.balanced_stages(4, {"vision": [1], "llm": [1, 1]}, 2)
     with pytest.raises(ScheduleError, match="llm"):
-        Placement.balanced_params(2, {"vision": [1, 1]})
+        Placement.balanced_stages(2, {"vision": [1, 1]})
     with pytest.raises(ScheduleError, match="vision layer 1"):
-        Placement.balanced_params(2, {"vision": [1, -1], "llm": [1, 1]})
+        Placement.balanced_stages(2, {"vision": [1, -1], "llm": [1, 1]})
 
 
 def _structure(m: int) -> MicrobatchStructure:
@@ -107,7 +107,7 @@ def _runs_every_compute_once(s) -> None:
 
 @pytest.mark.parametrize("seed,p,m", itertools.product(range(3), [2, 3, 4], [1, 3, 6]))
 def test_1f1b_on_the_balanced_layout_passes_the_checker(seed, p, m):
-    pl = Placement.balanced_params(p, _layer_params(seed))
+    pl = Placement.balanced_stages(p, _layer_params(seed))
     s = one_f_one_b(pl, _structure(m))
     check(s)
     _runs_every_compute_once(s)
@@ -115,7 +115,7 @@ def test_1f1b_on_the_balanced_layout_passes_the_checker(seed, p, m):
 
 @pytest.mark.parametrize("seed,p,m", itertools.product(range(2), [2, 3], [3, 4, 6, 8]))
 def test_interleaved_on_the_balanced_layout_passes_the_checker(seed, p, m):
-    pl = Placement.balanced_params(p, _layer_params(seed), 2)
+    pl = Placement.balanced_stages(p, _layer_params(seed), 2)
     if m < p or m % p:  # megatron-core's rule (groups of P): rejected alike
         with pytest.raises(ScheduleError):
             interleaved_one_f_one_b(pl, _structure(m))
@@ -126,7 +126,7 @@ def test_interleaved_on_the_balanced_layout_passes_the_checker(seed, p, m):
 
 
 def test_one_rank_balanced_runs_without_pipelining():
-    pl = Placement.balanced_params(1, _layer_params(0))
+    pl = Placement.balanced_stages(1, _layer_params(0))
     s = no_pipelining(pl, _structure(3))
     check(s)
     _runs_every_compute_once(s)
@@ -152,7 +152,7 @@ def test_1f1b_rejects_stages_off_megatron_round_robin():
 @pytest.mark.parametrize("m", [1, 4, 7])
 def test_1f1b_runs_an_encoder_across_stages(m):
     # Vision over ranks 0-2, LLM chunk 0 behind the last vision chunk on rank 2.
-    pl = Placement.balanced_params(4, {"vision": [4] * 5, "llm": [3, 1, 1, 3]})
+    pl = Placement.balanced_stages(4, {"vision": [4] * 5, "llm": [3, 1, 1, 3]})
     s = one_f_one_b(pl, MicrobatchStructure(m, {"vision": tuple(mb % 3 for mb in range(m))}))
     check(s)
     _runs_every_compute_once(s)

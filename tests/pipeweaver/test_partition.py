@@ -34,6 +34,7 @@ from pipeweaver.search.partition import (
     WorkloadShape,
     choose_sub_microbatch,
     chunks_rule,
+    iteration_layer_costs,
     plan_partition,
     workload_shape,
 )
@@ -245,6 +246,49 @@ def test_the_workload_summary_reads_units_rows_and_the_typical_microbatch():
     assert shape.encoders["vision"] == EncoderLoad(16, 4.0, 3, 2)
     # LLM tokens per microbatch: 10 + 8 + 30 = 48, 50 + 12 = 62, 5: the median one is the first.
     assert shape.llm_seq_lens == (18, 30) and shape.num_microbatches == 3
+
+
+class _CallCosts:
+    """A cost model that is easy to sum by hand: a layer costs 1 per call plus its tokens
+    squared (not linear, so a typical microbatch would not stand for all of them), the input
+    layer 100 per call, the head 1000 per call plus its rows."""
+
+    unit = "ms"
+
+    def layer(self, module, seq_lens):
+        return 1 + sum(seq_lens) ** 2
+
+    def input(self, module, seq_lens):
+        return 100
+
+    def head(self, module, seq_lens, rows):
+        return 1000 + rows
+
+
+def test_layer_costs_sum_every_microbatch_and_skip_an_encoder_it_does_not_run():
+    def sample(i, text, *images):
+        return SampleMeta(f"s{i}", text, image=tuple(images))
+
+    mbs = [
+        [sample(0, 2, Item((3,), 4)), sample(1, 5)],
+        [sample(2, 1)],
+        [sample(3, 0, Item((1, 2), 6))],
+    ]
+    costs = iteration_layer_costs(_CallCosts(), {"vision": 2, "audio": 1, "llm": 3}, mbs)
+    # vision runs in microbatches 1 (units 3, rows 4) and 3 (units 1 + 2, rows 6), not 2.
+    layer = (1 + 3**2) + (1 + 3**2)
+    assert costs["vision"] == [layer + 2 * 100, layer + 2 * 1000 + 4 + 6]
+    # No audio anywhere: its layer costs nothing; the LLM runs every microbatch on its samples'
+    # LLM tokens (text plus the items' rows): 6 and 5; 1; 6.
+    assert costs["audio"] == [0.0]
+    llm = (1 + 11**2) + (1 + 1**2) + (1 + 6**2)
+    assert costs["llm"] == [llm + 3 * 100, llm, llm + 3 * 1000]
+    assert "video" not in costs  # a module without layers has no entry
+    # The stages of balanced cost: vision's layers cost 220 and 2,030, the LLM's 461, 161 and
+    # 3,161, so the smallest largest stage is the LLM's last layer alone (3,161 against 2,872).
+    placement = Placement.balanced_stages(2, costs)
+    assert placement.chunks_on(1) == [("llm", 1)]
+    assert placement.layer_range("llm", 1) == (2, 3)
 
 
 def test_a_placement_from_explicit_splits_puts_chunk_j_on_rank_j_mod_p():

@@ -20,7 +20,9 @@ PP = 1, ``1f1b``, or ``interleaved`` with virtual stages), ``1f1b``, ``interleav
 ranks, DIP's layout) and ``dynamic`` (the trainer's ``--pipeline-schedule dynamic``: greedy
 dual-queue interleaving over the interleaved placement; use ``--pad none`` as the runtime
 does not pad). ``--placement balanced`` runs Megatron's schedules on DIP's baseline layout: every
-module's layers, encoders first, cut into P x K consecutive stages of balanced parameters.
+module's layers, encoders first, cut into P x K consecutive stages of balanced parameters;
+``balanced-cost`` cuts them by each layer's cost in the workload's first iterations (the
+trainer's ``--pipeline-layout balanced-cost``: ``--calibration``'s costs, else the FLOPs).
 
 The trainer's partitioner flags apply as in training: ``--set vision-chunks-per-stage=auto``
 (audio, llm) and ``--set encoder-sub-microbatch-size=auto`` (with ``--set
@@ -231,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--placement",
         choices=list(PLACEMENTS),
-        help="chunk layout (balanced: Megatron's stages with balanced parameters, DIP's baseline)",
+        help="chunk layout (balanced: Megatron's stages with balanced parameters, DIP's baseline; "
+        "balanced-cost: the same with balanced costs; default the trainer's --pipeline-layout)",
     )
     parser.add_argument("--chunks-per-rank", help="interleaved placement: e.g. vision=2,audio=1")
     parser.add_argument(
@@ -287,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     configs = quiet_config_files()
-    from megatron.mllm.partitioning import partition_plan, sub_microbatch_units
+    from megatron.mllm.partitioning import layer_costs, partition_plan, sub_microbatch_units
 
     try:
         cluster = ClusterSpec.load(configs.find_config(args.cluster))
@@ -332,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             info["simulation_s"] = time.perf_counter() - t0
         else:
             plan = partition_plan(loaded.run, loaded.model, args.calibration)
+            costs = None
+            if (args.placement or spec.parallel.pipeline_layout) == "balanced-cost":
+                costs, _ = layer_costs(loaded.run, loaded.model, args.calibration)
             if post_balance != "none":
                 held["balance"] = semu_balance.sample_balancer(
                     semu, loaded, calibration, args.iteration, held
@@ -357,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_checker=not args.no_check,
                 balance=held.get("balance"),
                 check_samples=check_samples,
+                layer_costs=costs,
             )
             if plan is not None:
                 info["partition"] = {

@@ -27,7 +27,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.mllm.batch import ChatTurns, build_microbatch
 from megatron.mllm.config import MLLMConfig
 from megatron.mllm.model import PipelineStageModel, PlacedModel
-from megatron.mllm.partitioning import sub_microbatch_units
+from megatron.mllm.partitioning import layer_costs, sub_microbatch_units
 from megatron.mllm.pipeline import (
     RuntimeModel,
     build_pipeline_microbatch,
@@ -61,16 +61,21 @@ def build_stage_model(
     is given; the engine then cuts the encoders' subs by its B_i)."""
     if not run.uses_runtime:
         return PipelineStageModel(mllm, pp_rank, run.parallel.pipeline, pg_collection)
+    costs, source = None, ""
+    if run.pipeline.layout == "balanced-cost":
+        costs, source = layer_costs(run, mllm)  # alike on every rank: flags, file, workload
     placement = runtime_placement(
         run.pipeline.pipeline_schedule,
         run.parallel.pipeline,
         mllm,
         run.pipeline.chunks_per_stage(),
         partition,
-        layout=run.pipeline.pipeline_layout,
+        layout=run.pipeline.layout,
+        layer_costs=costs,
     )
     model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
     model.partition = partition
+    model.layout, model.layer_costs, model.layer_costs_source = run.pipeline.layout, costs, source
     return model
 
 
@@ -163,7 +168,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
             samples, mllm, device, with_features, sub_tokens, sub_units, chat_turns
         )
 
-    schedule = f"{name} (OrchWeave runtime, {chunks})"
+    schedule = f"{name} (OrchWeave runtime, layout {run.pipeline.layout}: {chunks})"
     if searched is not None:
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
