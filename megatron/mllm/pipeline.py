@@ -152,6 +152,8 @@ class RuntimeModel(PlacedModel):
         """With ``balanced-cost``, each layer's cost the stages were balanced by, and its unit
         and source (``layer_costs_source``), for the setup line (set by its builder)."""
         self.layer_costs_source = ""
+        self.layout_choice = ""
+        """With ``--pipeline-layout auto``, what it chose and why (set by its builder)."""
         self.chunks = nn.ModuleDict()
         self._chunk_modules: dict[tuple[str, int], RuntimeChunk] = {}
         for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
@@ -183,7 +185,8 @@ class RuntimeModel(PlacedModel):
             share = f" ({cost / total:.0%} of the cost)" if total > 0 else ""
             stages.append(f"{rank}: {' '.join(held)}{share}")
         source = f" (costs: {self.layer_costs_source})" if costs is not None else ""
-        return f"{text} | {self.layout} stages{source}: {'; '.join(stages)}"
+        text = f"{text} | {self.layout} stages{source}: {'; '.join(stages)}"
+        return f"{text} | {self.layout_choice}" if self.layout_choice else text
 
     def chunk_module(self, module: str, chunk: int) -> RuntimeChunk:
         """The runtime's view of one chunk on this rank."""

@@ -3,14 +3,11 @@
 
 Each dataclass below is both documentation and command line: megatron-training's
 ``ArgumentGroupFactory`` turns its fields into an argparse group of Megatron's parser (field
-``workload_token_scale`` is ``--workload-token-scale``; the docstring under a field is its
-help), exactly as Megatron-LM builds its own groups from ``megatron.training.config``. After
-parsing, :meth:`RunConfig.from_args` instantiates them, together with Megatron's and
-megatron-core's config dataclasses, into one typed :class:`RunConfig`. The trainer, SEMU, the
-benchmarks and the tools all read a run through it (``megatron.mllm.config_files`` builds it
-from a ``scripts/configs`` file).
-
-This module is pure Python; parsing and validation are in :mod:`megatron.mllm.arguments`.
+``workload_token_scale`` is ``--workload-token-scale``, its docstring its help), as Megatron-LM
+builds its groups from ``megatron.training.config``. :meth:`RunConfig.from_args` instantiates
+them with Megatron's and megatron-core's config dataclasses into one typed :class:`RunConfig`,
+through which the trainer, SEMU and the tools read a run (``megatron.mllm.config_files`` builds
+it from a ``scripts/configs`` file). Pure Python; parsed and checked by ``arguments``.
 """
 
 # No ``from __future__ import annotations``: ArgumentGroupFactory reads the field types.
@@ -25,6 +22,9 @@ from orchestration.workload_spec import DEFAULT_WORKLOAD
 AUTO = "auto"
 """The value of a partitioner flag (``--*-chunks-per-stage``, ``--encoder-sub-microbatch-size``)
 that lets the partitioner choose."""
+
+PipelineLayout = Literal["baseline", "balanced", "balanced-cost", "interleaved", "auto"]
+"""The values of ``--pipeline-layout``."""
 
 ENCODER_NAMES: tuple[str, ...] = tuple(p for p in PHASES if p != "llm")
 """The encoders the model can have, in the order a sample flows through them."""
@@ -220,13 +220,13 @@ class PipelineConfig:
     interleaved: the same orders in OrchWeave's schedule IR, run by its runtime (no padding).
     dynamic: a new greedy dual-queue (or searched) order every batch."""
 
-    pipeline_layout: Literal["baseline", "balanced", "balanced-cost", "interleaved"] | None = None
+    pipeline_layout: PipelineLayout | None = None
     """Where the layers live (runtime schedules). baseline: Megatron's LLaVA layout, encoders
-    whole on stage 0, the LLM split evenly. balanced: every layer, encoders first, in
-    pipeline-size x K consecutive stages of balanced parameters (DIP's Megatron baseline);
-    balanced-cost: of balanced cost in the workload's first iterations (--cost-calibration, else
-    FLOPs). interleaved: module i in pipeline-size x K_i chunks, chunk j on stage j mod P
-    (dynamic only). Default: interleaved for dynamic, else baseline."""
+    whole on stage 0. balanced: every layer, encoders first, in pipeline-size x K consecutive
+    stages of balanced parameters (DIP's Megatron baseline); balanced-cost: of balanced cost in
+    the workload's first iterations (--cost-calibration, else FLOPs). interleaved: module i in
+    pipeline-size x K_i chunks, chunk j on stage j mod P (dynamic only). auto: the fastest of
+    them by SEMU on the run's first iterations. Default: interleaved for dynamic, else baseline."""
 
     vision_chunks_per_stage: int | Literal["auto"] = 1
     """K: the vision encoder is cut into pipeline-size x K chunks, chunk j on stage j mod P

@@ -236,6 +236,8 @@ def build_step(
     if placement is None and name in ("1f1b", "interleaved", "dynamic"):
         placement = spec.parallel.pipeline_layout or None  # the trainer's --pipeline-layout
     kind = placement_kind(name, placement)
+    if kind not in PLACEMENTS:
+        raise ScheduleError(f"placement {kind!r}: expected one of {PLACEMENTS}")
     if kind == "baseline":
         layout = Placement.baseline(pp, spec.layers(), spec.parallel.llm_chunks_per_rank)
     elif kind == "balanced":

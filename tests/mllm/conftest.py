@@ -103,6 +103,7 @@ def world2(tmp_path_factory, references, workload_dir):
         # pipeline, which then runs on Megatron's stages instead of cutting every module.
         "pp2-1f1b-balanced-cost": [*PP2, "--pipeline-schedule", "1f1b", *LAYOUT_COST],
         "pp2-dynamic-balanced-cost": [*DYNAMIC, *LAYOUT_COST],
+        "pp2-dynamic-auto-layout": [*DYNAMIC, "--pipeline-layout", "auto"],
         "variable-dp2-balanced": [*variable, *BALANCED],
         "variable-dp2-lpt-node-wise": [*variable, "--post-balance", "lpt", "--node-wise-a2a",
                                        "--gpus-per-node", "1"],  # fmt: skip

@@ -32,6 +32,7 @@ BALANCED_RUNS = [
     "pp2-interleaved-balanced",
     "pp2-1f1b-balanced-cost",
     "pp2-dynamic-balanced-cost",
+    "pp2-dynamic-auto-layout",
 ]
 
 

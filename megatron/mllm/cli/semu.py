@@ -290,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     configs = quiet_config_files()
+    from megatron.mllm.layout_choice import choose_layout
     from megatron.mllm.partitioning import layer_costs, partition_plan, sub_microbatch_units
 
     try:
@@ -335,8 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             info["simulation_s"] = time.perf_counter() - t0
         else:
             plan = partition_plan(loaded.run, loaded.model, args.calibration)
-            costs = None
-            if (args.placement or spec.parallel.pipeline_layout) == "balanced-cost":
+            costs, placement = None, args.placement
+            if placement is None and spec.parallel.pipeline_layout == "auto":
+                placement = choose_layout(loaded.run, loaded.model, cluster, calibration).layout
+            if (placement or spec.parallel.pipeline_layout) == "balanced-cost":
                 costs, _ = layer_costs(loaded.run, loaded.model, args.calibration)
             if post_balance != "none":
                 held["balance"] = semu_balance.sample_balancer(
@@ -348,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spec,
                 cluster,
                 schedule=args.schedule,
-                placement=args.placement,
+                placement=placement,
                 chunks_per_rank=_chunks_per_rank(args),
                 memory=args.memory,
                 pad=args.pad != "none",

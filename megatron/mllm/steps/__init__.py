@@ -26,8 +26,9 @@ import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.mllm.batch import ChatTurns, build_microbatch
 from megatron.mllm.config import MLLMConfig
+from megatron.mllm.layout_choice import run_layout
 from megatron.mllm.model import PipelineStageModel, PlacedModel
-from megatron.mllm.partitioning import layer_costs, sub_microbatch_units
+from megatron.mllm.partitioning import sub_microbatch_units
 from megatron.mllm.pipeline import (
     RuntimeModel,
     build_pipeline_microbatch,
@@ -61,21 +62,21 @@ def build_stage_model(
     is given; the engine then cuts the encoders' subs by its B_i)."""
     if not run.uses_runtime:
         return PipelineStageModel(mllm, pp_rank, run.parallel.pipeline, pg_collection)
-    costs, source = None, ""
-    if run.pipeline.layout == "balanced-cost":
-        costs, source = layer_costs(run, mllm)  # alike on every rank: flags, file, workload
+    layout = run_layout(run, mllm)
     placement = runtime_placement(
         run.pipeline.pipeline_schedule,
         run.parallel.pipeline,
         mllm,
         run.pipeline.chunks_per_stage(),
         partition,
-        layout=run.pipeline.layout,
-        layer_costs=costs,
+        layout=layout.layout,
+        layer_costs=layout.layer_costs if layout.layout == "balanced-cost" else None,
     )
     model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
     model.partition = partition
-    model.layout, model.layer_costs, model.layer_costs_source = run.pipeline.layout, costs, source
+    model.layout, model.layer_costs = layout.layout, layout.layer_costs
+    model.layer_costs_source = layout.costs_source
+    model.layout_choice = layout.choice.describe() if layout.choice is not None else ""
     return model
 
 
@@ -168,7 +169,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
             samples, mllm, device, with_features, sub_tokens, sub_units, chat_turns
         )
 
-    schedule = f"{name} (OrchWeave runtime, layout {run.pipeline.layout}: {chunks})"
+    schedule = f"{name} (OrchWeave runtime, layout {model.layout or run.pipeline.layout}: {chunks})"
     if searched is not None:
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
