@@ -34,6 +34,7 @@ from megatron.mllm.batch import (
 )
 from megatron.mllm.chunks import EncoderChunk, ModuleChunk, build_chunk
 from megatron.mllm.config import MLLMConfig
+from megatron.mllm.layout_choice import RunLayout
 from megatron.mllm.model import PlacedModel, module_layers
 from orchestration.model_shape import ModelShape
 from orchestration.packing import encoder_sub_groups
@@ -146,14 +147,9 @@ class RuntimeModel(PlacedModel):
         super().__init__(mllm, placement, pp_rank)
         self.partition: PartitionPlan | None = None
         """The partitioner's plan this placement came from, if any (set by its builder)."""
-        self.layout = ""
-        """``--pipeline-layout`` as it resolved, for the setup line (set by its builder)."""
-        self.layer_costs: Mapping[str, Sequence[float]] | None = None
-        """With ``balanced-cost``, each layer's cost the stages were balanced by, and its unit
-        and source (``layer_costs_source``), for the setup line (set by its builder)."""
-        self.layer_costs_source = ""
-        self.layout_choice = ""
-        """With ``--pipeline-layout auto``, what it chose and why (set by its builder)."""
+        self.run_layout: RunLayout | None = None
+        """``--pipeline-layout`` as it resolved (and, with ``auto``, why), for the setup line
+        (set by its builder)."""
         self.chunks = nn.ModuleDict()
         self._chunk_modules: dict[tuple[str, int], RuntimeChunk] = {}
         for (module, c), cid in zip(placement.chunks_on(pp_rank), self.chunk_ids()):
@@ -171,9 +167,9 @@ class RuntimeModel(PlacedModel):
         )
         lang = self.mllm.language
         text = f"encoders: {encoders} | LLM {lang.num_layers} layers x {lang.hidden_size}"
-        if not self.layout:
+        if self.run_layout is None:
             return text
-        costs = self.layer_costs
+        costs = self.run_layout.layer_costs
         total = sum(sum(c) for c in costs.values()) if costs is not None else 0.0
         stages = []
         for rank in range(self.placement.num_ranks):
@@ -184,9 +180,10 @@ class RuntimeModel(PlacedModel):
                 cost += sum(costs[module][a:b]) if costs is not None else 0.0
             share = f" ({cost / total:.0%} of the cost)" if total > 0 else ""
             stages.append(f"{rank}: {' '.join(held)}{share}")
-        source = f" (costs: {self.layer_costs_source})" if costs is not None else ""
-        text = f"{text} | {self.layout} stages{source}: {'; '.join(stages)}"
-        return f"{text} | {self.layout_choice}" if self.layout_choice else text
+        source = f" (costs: {self.run_layout.costs_source})" if costs is not None else ""
+        text = f"{text} | {self.run_layout.layout} stages{source}: {'; '.join(stages)}"
+        choice = self.run_layout.choice
+        return f"{text} | {choice.describe()}" if choice is not None else text
 
     def chunk_module(self, module: str, chunk: int) -> RuntimeChunk:
         """The runtime's view of one chunk on this rank."""

@@ -74,9 +74,7 @@ def build_stage_model(
     )
     model = RuntimeModel(mllm, placement, pp_rank, pg_collection)
     model.partition = partition
-    model.layout, model.layer_costs = layout.layout, layout.layer_costs
-    model.layer_costs_source = layout.costs_source
-    model.layout_choice = layout.choice.describe() if layout.choice is not None else ""
+    model.run_layout = layout
     return model
 
 
@@ -169,7 +167,8 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
             samples, mllm, device, with_features, sub_tokens, sub_units, chat_turns
         )
 
-    schedule = f"{name} (OrchWeave runtime, layout {model.layout or run.pipeline.layout}: {chunks})"
+    layout = model.run_layout.layout if model.run_layout is not None else run.pipeline.layout
+    schedule = f"{name} (OrchWeave runtime, layout {layout}: {chunks})"
     if searched is not None:
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
