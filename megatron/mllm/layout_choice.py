@@ -2,9 +2,10 @@
 """``--pipeline-layout auto``: SEMU picks where the layers live, on the run's own first batches.
 
 Which layout is fastest depends on the model, the data and the machine: on this repository's CPU
-main job at PP=2, DIP's per-module cut (``interleaved``) makes the dynamic pipeline 13% slower
-than 1F1B on Megatron's layout and stages of balanced cost make it 16% faster (README, the
-runtime section), while on a GPU with large encoders the per-module cut is what DIP gains from.
+model at PP=2, DIP's per-module cut (``interleaved``) makes the dynamic pipeline 14-22% slower
+than 1F1B on Megatron's layout, and stages of balanced parameters make it 9-13% faster (README,
+"Where the layers live"), while on a GPU with large encoders the per-module cut is what DIP
+gains from.
 So the run simulates its schedule on every candidate layout with SEMU, on its first
 :data:`LAYOUT_ITERATIONS` iterations (Megatron's order, one DP replica), with
 ``--cost-calibration`` (else SEMU's defaults for the device), and takes the fastest; ties keep
