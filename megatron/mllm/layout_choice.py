@@ -8,8 +8,9 @@ than 1F1B on Megatron's layout, and stages of balanced parameters make it 9-13% 
 gains from.
 So the run simulates its schedule on every candidate layout with SEMU, on its first
 :data:`LAYOUT_ITERATIONS` iterations (Megatron's order, one DP replica), with
-``--cost-calibration`` (else SEMU's defaults for the device), and takes the fastest; ties keep
-the earlier candidate (``baseline`` first, Megatron's).
+``--cost-calibration`` (else SEMU's defaults for the device), and takes the fastest whose peak
+memory fits the device (the fastest of all where none does); ties keep the earlier candidate
+(``baseline`` first, Megatron's).
 
 Every rank computes the same choice from the same inputs (flags, calibration file, workload),
 so no message is needed, and a resumed run chooses again alike. Pure of ``torch.distributed``.
@@ -46,6 +47,10 @@ class LayoutChoice:
     predicted_s: Mapping[str, float]
     """Every candidate's mean predicted step time over the iterations simulated, in order."""
 
+    fits: Mapping[str, bool]
+    """Per candidate, whether SEMU's peak memory fits the device on every rank in every
+    iteration simulated."""
+
     layer_costs: Mapping[str, Sequence[float]]
     """Each layer's cost (``balanced-cost``'s weights, also when another layout wins)."""
 
@@ -54,7 +59,10 @@ class LayoutChoice:
 
     def describe(self) -> str:
         """The choice and every candidate's prediction, for the setup line."""
-        times = ", ".join(f"{k} {1e3 * t:.4g} ms" for k, t in self.predicted_s.items())
+        times = ", ".join(
+            f"{k} {1e3 * t:.4g} ms{'' if self.fits[k] else ' (over memory)'}"
+            for k, t in self.predicted_s.items()
+        )
         return (
             f"--pipeline-layout auto chose {self.layout} (SEMU's step over iterations 1-"
             f"{LAYOUT_ITERATIONS}: {times})"
@@ -92,7 +100,7 @@ def choose_layout(
     spec = semu_model_spec(run, mllm)
     semu = Semu(spec, cluster, calibration)
     schedule = run.pipeline.pipeline_schedule
-    predicted, unfit = {}, []
+    predicted, fits, unfit = {}, {}, []
     for layout in candidates(schedule):
         total = 0.0
         try:
@@ -114,13 +122,19 @@ def choose_layout(
         except ScheduleError as e:  # e.g. an encoder with fewer layers than stages
             unfit.append(f"{layout}: {e}")
             continue
+        fits[layout] = True
         for schedules, mbs, _ in steps:
-            total += semu.simulate_step(schedules, mbs, record_events=False).step_time_s
+            step = semu.simulate_step(schedules, mbs, record_events=False)
+            total += step.step_time_s
+            fits[layout] = fits[layout] and not step.over_memory_ranks
         predicted[layout] = total / LAYOUT_ITERATIONS
     if not predicted:
         raise ScheduleError("no layout fits the model: " + "; ".join(unfit))
-    best = min(predicted, key=predicted.__getitem__)  # the first of equals: dicts keep order
-    return LayoutChoice(best, predicted, costs, source)
+    # The fastest that fits the device's memory; where none does (the dynamic pipeline's
+    # search may still recompute to fit), the fastest. The first of equals: dicts keep order.
+    pool = [k for k in predicted if fits[k]] or list(predicted)
+    best = min(pool, key=predicted.__getitem__)
+    return LayoutChoice(best, predicted, fits, costs, source)
 
 
 @dataclass(frozen=True)

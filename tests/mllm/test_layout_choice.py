@@ -8,6 +8,7 @@ trainer must build that candidate's placement, and a layout the model cannot tak
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -49,6 +50,7 @@ def test_auto_takes_semus_fastest_layout_and_the_trainer_builds_it(schedule):
     assert ("interleaved" in choice.predicted_s) == (schedule == "dynamic")
     for layout, seconds in choice.predicted_s.items():
         assert seconds == pytest.approx(_semu_step_s(loaded, layout), rel=1e-12), layout
+    assert all(choice.fits.values())  # a CPU's memory holds them all
     fastest = min(choice.predicted_s.values())
     assert choice.predicted_s[choice.layout] == fastest
     # Ties keep the earlier candidate (baseline first): the first of the fastest.
@@ -83,3 +85,33 @@ def test_auto_leaves_out_a_layout_the_model_cannot_take():
 def test_auto_with_flags_it_cannot_honour_is_one_error(flags, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         run_from_flags([*TINY, *PP2, *flags], 2)
+
+
+def test_auto_takes_the_fastest_layout_that_fits_the_devices_memory():
+    # A device whose memory holds only the layout with the smallest peak: the choice is that
+    # one, whatever the others' speed (SEMU's peaks asked per layout again).
+    loaded = run_from_flags([*TINY, *PP2, *CALIBRATION, "--pipeline-schedule", "dynamic"], 2)
+    costs, _ = layer_costs(loaded.run, loaded.model)
+    peaks = {}
+    cpu = run_cluster(2, 2)
+    for layout in candidates("dynamic"):
+        for it in range(LAYOUT_ITERATIONS):
+            schedules, mbs, _ = build_step(loaded.semu, cpu, schedule="dynamic", placement=layout,
+                                           pad=False, iteration=it, replicas=1,
+                                           layer_costs=costs)  # fmt: skip
+            semu = Semu(loaded.semu, cpu, Calibration.load(CALIBRATION[1]))  # measured bytes
+            step = semu.simulate_step(schedules, mbs, record_events=False)
+            peaks[layout] = max(peaks.get(layout, 0.0), *step.peak_memory_bytes)
+    frugal = min(peaks, key=peaks.__getitem__)  # DIP's layout here: it spreads every module
+    cap = peaks[frugal]  # only the most frugal layout fits
+    small = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device, hbm_bytes=cap))
+    unlimited = choose_layout(loaded.run, loaded.model, cpu)
+    choice = choose_layout(loaded.run, loaded.model, small)
+    assert peaks[unlimited.layout] > cap  # so the limit changes the choice
+    assert choice.predicted_s == unlimited.predicted_s
+    assert {k for k, ok in choice.fits.items() if ok} == {k for k in peaks if peaks[k] <= cap}
+    assert choice.layout == frugal != unlimited.layout
+    assert "(over memory)" in choice.describe()
+    # Where nothing fits, the fastest of all.
+    tiny = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device, hbm_bytes=cap / 2))
+    assert choose_layout(loaded.run, loaded.model, tiny).layout == unlimited.layout
