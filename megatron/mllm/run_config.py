@@ -519,12 +519,6 @@ class RunConfig:
         return self.global_batch_size // (self.micro_batch_size * self.parallel.data)
 
     @property
-    def layout(self) -> str:
-        """``--pipeline-layout``, or the schedule's default when not given."""
-        default = "interleaved" if self.pipeline_schedule == "dynamic" else "baseline"
-        return self.pipeline_layout or default
-
-    @property
     def uses_runtime(self) -> bool:
         """Whether OrchWeave's pipeline runtime runs the step (a runtime schedule, PP > 1)."""
         return self.pipeline.uses_runtime and self.parallel.pipeline > 1
