@@ -33,8 +33,11 @@ def gloo_transport_threads() -> int:
     """This process's gloo transport threads (``gloo_tcp_loop``) now."""
     count = 0
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
-            count += f.read().strip() == "gloo_tcp_loop"
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                count += f.read().strip() == "gloo_tcp_loop"
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended since the listing
+            continue
     return count
 
 
