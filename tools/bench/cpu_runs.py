@@ -79,6 +79,27 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 
+def split_trainer_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A benchmark's own arguments and the trainer flags after ``--`` (passed to every run)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def median_iteration_ms(records: list[dict], warmup: int) -> float:
+    """Median iteration time of the timed iterations (after ``warmup``), in ms."""
+    return 1000 * statistics.median(r["iteration_time_s"] for r in records[warmup:])
+
+
+def predicted_step_ms(records: list[dict], warmup: int) -> float | None:
+    """SEMU's median predicted step of the timed iterations (``--step-prediction``), in ms;
+    None when no iteration has one."""
+    steps = [r["prediction"]["step_s"] for r in records[warmup:] if r.get("prediction")]
+    steps = [s for s in steps if s]
+    return 1000 * statistics.median(steps) if steps else None
+
+
 def summarize(records: list[dict], warmup: int, nproc: int = 2) -> dict:
     """Median iteration time and throughputs over the timed iterations."""
     timed = records[warmup:]

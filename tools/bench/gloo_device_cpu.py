@@ -33,7 +33,7 @@ import os
 import statistics
 import sys
 
-from cpu_runs import run_main_job
+from cpu_runs import run_main_job, split_trainer_flags
 
 STEPS = {
     "greedy": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "dynamic",
@@ -70,9 +70,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=10)
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    own, extra = split_trainer_flags(sys.argv[1:])
+    args = parser.parse_args(own)
     if args.rounds < 3:
         sys.exit("error: --rounds must be at least 3 (each round's ratio, their median, spread)")
     if args.iters <= args.warmup + 10:

@@ -54,7 +54,7 @@ import os
 import statistics
 import sys
 
-from cpu_runs import run_main_job
+from cpu_runs import median_iteration_ms, predicted_step_ms, run_main_job, split_trainer_flags
 
 from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import CONFIG_DIR, find_config, load_run_config, set_flags
@@ -127,10 +127,6 @@ def crossover_ratio(runs: list[dict[str, list]], key) -> float:
     return product ** (1.0 / len(runs))
 
 
-def _median_ms(records: list[dict], warmup: int) -> float:
-    return 1000 * statistics.median(r["iteration_time_s"] for r in records[warmup:])
-
-
 def _run_ms(records: list[dict], warmup: int) -> float:
     """Median iteration time minus the step's scheduling (the timers' ``schedule``, slowest
     rank): the time the schedule itself took to run."""
@@ -138,13 +134,6 @@ def _run_ms(records: list[dict], warmup: int) -> float:
         r["iteration_time_s"] - max(r.get("timers", {}).get("seconds", {}).get("schedule", [0.0]))
         for r in records[warmup:]
     )
-
-
-def _predicted_ms(records: list[dict], warmup: int) -> float | None:
-    """SEMU's median predicted step of the timed iterations (``--step-prediction``)."""
-    steps = [r["prediction"]["step_s"] for r in records[warmup:] if r.get("prediction")]
-    steps = [s for s in steps if s]
-    return 1000 * statistics.median(steps) if steps else None
 
 
 def memory_limit_gb(fraction: float, workload: str, iters: int, calibration: str | None) -> float:
@@ -165,11 +154,7 @@ def memory_limit_gb(fraction: float, workload: str, iters: int, calibration: str
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_trainer_flags(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--rounds", type=int, default=3)
@@ -227,9 +212,9 @@ def main() -> None:
     for r in progress(range(args.rounds), "rounds"):
         for name, flags in variants.items():
             records = run_main_job(name, [*common, *flags], args.iters)
-            times[name].append(_median_ms(records, args.warmup))
+            times[name].append(median_iteration_ms(records, args.warmup))
             run_ms[name].append(_run_ms(records, args.warmup))
-            p = _predicted_ms(records, args.warmup)
+            p = predicted_step_ms(records, args.warmup)
             if p is not None:
                 predicted[name].append(p)
             losses[name] = [x["lm_loss"] for x in records]

@@ -40,7 +40,7 @@ import os
 import statistics
 import sys
 
-from cpu_runs import run_main_job
+from cpu_runs import median_iteration_ms, predicted_step_ms, run_main_job, split_trainer_flags
 
 from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import CONFIG_DIR
@@ -62,23 +62,8 @@ VARIANTS = {
 REFERENCE = "1f1b"
 
 
-def median_ms(records: list[dict], warmup: int) -> float:
-    """Median iteration time of the timed iterations."""
-    return 1000 * statistics.median(r["iteration_time_s"] for r in records[warmup:])
-
-
-def predicted_ms(records: list[dict], warmup: int) -> float | None:
-    """SEMU's median predicted step of the timed iterations (``--step-prediction``)."""
-    steps = [r["prediction"]["step_s"] for r in records[warmup:] if r.get("prediction")]
-    return 1000 * statistics.median(steps) if steps else None
-
-
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
+    argv, extra = split_trainer_flags(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--rounds", type=int, default=3)
@@ -103,8 +88,8 @@ def main() -> None:
     for _ in progress(range(args.rounds), "rounds"):
         for name, flags in variants.items():
             records = run_main_job(name, [*common, *flags], args.iters)
-            times[name].append(median_ms(records, args.warmup))
-            p = predicted_ms(records, args.warmup)
+            times[name].append(median_iteration_ms(records, args.warmup))
+            p = predicted_step_ms(records, args.warmup)
             if p is not None:
                 predicted[name].append(p)
             losses[name] = records[-1]["lm_loss"]
@@ -118,7 +103,8 @@ def main() -> None:
         ratios = [r / t for r, t in zip(times[REFERENCE], times[name])]
         semu = "-"
         if predicted[name] and predicted[REFERENCE]:
-            semu = f"{statistics.median(predicted[REFERENCE]) / statistics.median(predicted[name]):.3f}"
+            ratio = statistics.median(predicted[REFERENCE]) / statistics.median(predicted[name])
+            semu = f"{ratio:.3f}"
         spread = f"{min(ratios):.3f}-{max(ratios):.3f}"
         diff = abs(losses[name] - losses[REFERENCE])
         print(f"{name:<24}{statistics.median(times[name]):>10.1f}"

@@ -59,7 +59,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from cpu_runs import run_main_job
+from cpu_runs import run_main_job, split_trainer_flags
 
 from megatron.mllm.cli.args import quiet_config_files
 from megatron.mllm.explain import format_comparison, measured_phases, summarize_pair
@@ -235,9 +235,7 @@ def exchange_table(none: list[dict], auto: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+    own, extra = split_trainer_flags(sys.argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="omni-three-modality")
     parser.add_argument("--reps", type=int, default=3, help="crossover pairs (at least 3)")
