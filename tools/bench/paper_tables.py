@@ -361,6 +361,15 @@ DIP_TABLE1 = (
 per iteration, MFU."""
 
 
+def _t1_megatron(model: str, placement: str, iteration: int) -> tuple[dict, list[str], float, bool]:
+    """One Table 1 config's Megatron step on 8 H800 with ``--placement``, as a user fits it
+    (:func:`megatron_fit`): its JSON, the argv that gave it, the peak GiB and whether it fits."""
+    argv = ["--model", model, "--cluster", "h800-8", "--placement", placement,
+            "--iteration", str(iteration)]  # fmt: skip
+    got, used = megatron_fit(argv)
+    return got, used, max(got["peak_memory_bytes"]) / 2**30, not got.get("over_memory_ranks")
+
+
 def rows_dip_t1(args: argparse.Namespace) -> list[Row]:
     """DIP's Table 1: a 7B LM against a ViT + LM of the same size, static and dynamic data.
 
@@ -372,12 +381,8 @@ def rows_dip_t1(args: argparse.Namespace) -> list[Row]:
     """
     rows, mfu = [], {}
     for model, label, seconds, paper_mfu in DIP_TABLE1:
-        argv = ["--model", model, "--cluster", "h800-8", "--placement", "balanced",
-                "--iteration", str(args.iteration)]  # fmt: skip
-        got, used = megatron_fit(argv)
+        got, used, peak, fits = _t1_megatron(model, "balanced", args.iteration)
         mfu[model] = (paper_mfu, got["mfu"])
-        peak = max(got["peak_memory_bytes"]) / 2**30
-        fits = not got.get("over_memory_ranks")
         note = (f"{got['model_flops'] / 1e15:.2f} PFLOPs per iteration; "
                 f"{recompute_used(used)}; "
                 f"peak {peak:.1f} GiB, "
@@ -402,12 +407,8 @@ def rows_dip_t1(args: argparse.Namespace) -> list[Row]:
     # for the lowest stage latency (docs/architecture.md [2]), which balanced-cost approximates.
     # Shown, not counted: the table's Megatron rows stay on DIP's stated baseline layout.
     for model, label, _, paper_mfu in DIP_TABLE1[1:]:
-        argv = ["--model", model, "--cluster", "h800-8", "--placement", "balanced-cost",
-                "--iteration", str(args.iteration)]  # fmt: skip
-        got, used = megatron_fit(argv)
-        fits = not got.get("over_memory_ranks")
-        note = (f"stages of balanced FLOPs; {recompute_used(used)}; peak "
-                f"{max(got['peak_memory_bytes']) / 2**30:.1f} GiB"
+        got, used, peak, fits = _t1_megatron(model, "balanced-cost", args.iteration)
+        note = (f"stages of balanced FLOPs; {recompute_used(used)}; peak {peak:.1f} GiB"
                 f"{'' if fits else ', does NOT fit 80 GB'}; lost to the ViT: "
                 f"{1 - got['mfu'] / lm_semu:.1%} against the paper's "
                 f"{1 - paper_mfu / lm_paper:.1%}")  # fmt: skip
