@@ -338,8 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = partition_plan(loaded.run, loaded.model, args.calibration)
             costs, placement = None, args.placement
             if placement is None and spec.parallel.pipeline_layout == "auto":
-                placement = choose_layout(loaded.run, loaded.model, cluster, calibration).layout
-            if (placement or spec.parallel.pipeline_layout) == "balanced-cost":
+                choice = choose_layout(loaded.run, loaded.model, cluster, calibration)
+                placement, costs = choice.layout, choice.layer_costs
+            elif (placement or spec.parallel.pipeline_layout) == "balanced-cost":
                 costs, _ = layer_costs(loaded.run, loaded.model, args.calibration)
             if post_balance != "none":
                 held["balance"] = semu_balance.sample_balancer(
