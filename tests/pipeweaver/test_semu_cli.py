@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from megatron.mllm.arguments import ONE_REPLICA, ConfigError
-from megatron.mllm.config_files import flag_argv, load_run_config, run_from_flags, set_flags
+from megatron.mllm.config_files import (
+    find_config,
+    flag_argv,
+    load_run_config,
+    run_from_flags,
+    set_flags,
+)
 from pipeweaver.semu.hardware import DEVICES, ClusterSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +74,24 @@ def test_cli_text_summary_and_dynamic_layout(capsys, monkeypatch):
     )  # fmt: skip
     assert status == 0, err
     assert "step time" in out and "interleaved placement" in out
+
+
+def test_cli_resolves_the_trainers_layouts_as_the_trainer_does(capsys, monkeypatch):
+    from megatron.mllm.layout_choice import choose_layout
+
+    base = ("--model", "cpu-main", "--cluster", "cpu-2ranks", "--set",
+            "pipeline-model-parallel-size=2", "--schedule", "dynamic", "--pad", "none")  # fmt: skip
+    flags = set_flags({"pipeline-model-parallel-size": 2, "pipeline-schedule": "dynamic"})
+    loaded = load_run_config("cpu-main", flags, world_size=2)
+    expected = choose_layout(loaded.run, loaded.model, ClusterSpec.load(find_config("cpu-2ranks")))
+    status, out, err = _semu_in_process((*base, "--set", "pipeline-layout=auto"), capsys,
+                                        monkeypatch)  # fmt: skip
+    assert status == 0, err
+    assert f"({expected.layout} placement)" in out
+    for given in (("--placement", "balanced-cost"), ("--set", "pipeline-layout=balanced-cost")):
+        status, out, err = _semu_in_process((*base, *given), capsys, monkeypatch)
+        assert status == 0, err
+        assert "(balanced-cost placement)" in out
 
 
 @pytest.mark.parametrize(
