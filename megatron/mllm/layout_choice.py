@@ -100,6 +100,7 @@ def choose_layout(
     spec = semu_model_spec(run, mllm)
     semu = Semu(spec, cluster, calibration)
     schedule = run.pipeline.pipeline_schedule
+    sub_units = sub_microbatch_units(run, None)
     predicted, fits, unfit = {}, {}, []
     for layout in candidates(schedule):
         total = 0.0
@@ -114,7 +115,7 @@ def choose_layout(
                     pad=False,
                     iteration=iteration,
                     replicas=1,
-                    encoder_sub_microbatch_units=sub_microbatch_units(run, None),
+                    encoder_sub_microbatch_units=sub_units,
                     layer_costs=costs,
                 )
                 for iteration in range(LAYOUT_ITERATIONS)
