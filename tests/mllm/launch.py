@@ -17,6 +17,9 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
+    # A rank that dies on a signal (SIGSEGV, SIGABRT) prints every thread's Python stack, so a
+    # failure that shows once in many launches leaves more than its exit code.
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 
