@@ -29,6 +29,16 @@ on every rank:
 
 Between the optimizer step and the next step's gathers the model's parameters are stale outside
 each rank's shard; only the forward reads them, after its bucket's wait.
+
+On gloo each bucket's gather is dispatched as a collective of its own
+(:func:`start_bucket_gathers`), not as megatron-core's one coalesced collective per bucket group:
+torch 2.14's gloo all-gather of a coalesced group (``AsyncAllgatherCoalescedWork``) corrupts the
+heap when several are in flight in one process group, which is what dispatching every bucket at
+once does. A two-rank stress of megatron-core's pattern (1,000 steps of 32 gathers in flight at
+once on a loaded 2-core host) failed 15 of 18 launches with coalesced gathers, with one gloo
+device per process or per group (the first read: SIGSEGV in the work's destructor on one rank,
+``malloc(): unaligned tcache chunk detected`` on the other; one launch hung), and none of 13
+with one all-gather per bucket on the same buffers (2026-12-07).
 """
 
 from __future__ import annotations
@@ -36,9 +46,53 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
 from megatron.core.distributed import DistributedDataParallel
 from megatron.mllm.grad_overlap import first_use
+
+
+class BucketGathers:
+    """The handle of one bucket group's gathers dispatched one per bucket: megatron-core waits
+    for it as for its coalesced handle (``wait()``)."""
+
+    def __init__(self, works: list):
+        self._works = works
+
+    def wait(self) -> None:
+        """Wait for every bucket's gather."""
+        for work in self._works:
+            work.wait()
+        self._works = []
+
+
+def gathers_per_bucket(group) -> bool:
+    """Whether the group's gathers must be dispatched one per bucket: the distributed
+    optimizer's plain parameter buffers (no FP8 or MXFP8 post-processing) gathered over gloo."""
+    ddp_config = group.ddp_config
+    if not ddp_config.use_distributed_optimizer or ddp_config.reuse_grad_buf_for_mxfp8_param_ag:
+        return False
+    if not group.buckets or any(bucket.param_data is None for bucket in group.buckets):
+        return False
+    return dist.get_backend(group.intra_distributed_optimizer_instance_group) == "gloo"
+
+
+def start_bucket_gathers(group) -> None:
+    """Dispatch the all-gather of each of ``group``'s buckets, asynchronously, as a collective of
+    its own: the same buffers, shards and process group as megatron-core 0.19.2's
+    ``start_param_sync`` (each rank's equal slice of the bucket's parameter buffer, gathered in
+    place), whose bookkeeping it sets the same way."""
+    assert group.param_gather_handle is None, "a bucket group's gather is already in flight"
+    pg = group.intra_distributed_optimizer_instance_group
+    size = group.intra_distributed_optimizer_instance_size
+    rank = group.intra_distributed_optimizer_instance_rank
+    works = []
+    for bucket in group.buckets:
+        shard = bucket.param_data.numel() // size
+        mine = bucket.param_data.view(-1).narrow(0, rank * shard, shard)
+        works.append(dist.all_gather_single(bucket.param_data, mine, group=pg, async_op=True))
+    group.param_gather_handle = BucketGathers(works)
+    group.param_gather_dispatched = True
 
 
 class OrderedParamGather:
@@ -79,6 +133,7 @@ class OrderedParamGather:
         # The pre-hooks now only wait for their bucket's gather, never dispatch the next one.
         ddp.overlap_param_gather_with_optimizer_step = True
         self._mark_dispatched()
+        self._per_bucket = [gathers_per_bucket(g) for g in self._groups]
 
     @property
     def num_buckets(self) -> int:
@@ -97,8 +152,11 @@ class OrderedParamGather:
         are whole. The step calls it before its first forward, on every rank."""
         if self._whole:
             return
-        for group in self._groups:
-            group.start_param_sync()
+        for group, per_bucket in zip(self._groups, self._per_bucket):
+            if per_bucket:
+                start_bucket_gathers(group)  # gloo (the module docstring says why)
+            else:
+                group.start_param_sync()
         self._started, self._whole = True, True
 
     def drain(self) -> None:

@@ -37,7 +37,12 @@ class FakeBucketGroup:
 
     def __init__(self, index: int, log: list):
         self.index, self.log = index, log
-        self.ddp_config = SimpleNamespace(overlap_param_gather=True, use_distributed_optimizer=True)
+        self.ddp_config = SimpleNamespace(
+            overlap_param_gather=True,
+            use_distributed_optimizer=True,
+            reuse_grad_buf_for_mxfp8_param_ag=False,
+        )
+        self.buckets = []  # no buffers: megatron-core's own dispatch (start_param_sync)
         self.param_gather_dispatched = False
         self.param_gather_handle = None
         self.next_param_gather_bucket_group = None
