@@ -1,7 +1,8 @@
 # Copyright (c) 2026 OrchWeave authors. All rights reserved.
 """torchrun worker: many steps of every bucket's parameter all-gather in flight at once on one
-gloo group, dispatched as ``OrderedParamGather`` does on gloo, beside compute and the
-reductions' coalesced reduce-scatters on the same group (megatron-core's pattern).
+gloo group, dispatched as ``OrderedParamGather`` does on gloo, beside compute, an all-to-all on
+another group and the reductions' coalesced reduce-scatters on the same group (megatron-core's
+pattern).
 
 Usage: ``bucket_gather_worker.py STEPS``. Each step every rank writes its shard of every bucket
 (as the optimizer step does), dispatches all the gathers, computes, waits for each bucket in
@@ -19,8 +20,9 @@ import torch.distributed as dist
 from megatron.mllm.distributed import share_gloo_device
 from megatron.mllm.param_gather import gathers_per_bucket, start_bucket_gathers
 
-BUCKETS, GROUPS = 32, 4
-"""Buckets of about 4,000 parameters in a few bucket groups, as the tests' small buckets."""
+BUCKETS, GROUPS = 32, 32
+"""Buckets of about 4,000 parameters, each its own bucket group, as megatron-core makes them for
+the tests' small buckets (``--ddp-bucket-size 4000``, one optimizer instance)."""
 
 
 def bucket_groups(pg) -> list:
@@ -50,6 +52,7 @@ def main() -> None:
     share_gloo_device()
     dist.init_process_group("gloo")
     pg = dist.new_group([0, 1])
+    other = dist.new_group([0, 1])  # the step's own exchanges (OrchWeave's DP group)
     rank, size = pg.rank(), pg.size()
     groups = bucket_groups(pg)
     assert all(gathers_per_bucket(g) for g in groups)
@@ -62,12 +65,14 @@ def main() -> None:
         x = torch.randn(32, 128)
         for i, g in enumerate(groups):
             x = torch.tanh(x @ weight)  # the layers before this bucket's
+            if i % 8 == 0:  # an exchange of the step's, beside the gathers
+                dist.all_to_all_single(torch.empty(64 * size), torch.randn(64 * size), group=other)
             g.param_gather_handle.wait()
             g.param_gather_handle = None
             for j, b in enumerate(g.buckets):
-                slices = b.param_data.view(size, -1)
-                want = (torch.arange(size, dtype=slices.dtype) + step * size)[:, None]
-                if not torch.equal(slices, want.expand_as(slices)):
+                n = b.param_data.numel() // size
+                want = torch.cat([torch.full((n,), float(step * size + r)) for r in range(size)])
+                if not torch.equal(b.param_data, want):
                     print(f"error: rank {rank} step {step} group {i} bucket {j}: wrong values")
                     sys.exit(1)
         reductions = []
