@@ -36,8 +36,8 @@ torch 2.14's gloo all-gather of a coalesced group (``AsyncAllgatherCoalescedWork
 heap when several are in flight in one process group, which is what dispatching every bucket at
 once does. A two-rank stress of megatron-core's pattern (1,000 steps of 32 gathers in flight at
 once on a loaded 2-core host) failed 20 of 27 launches with coalesced gathers, with one gloo
-device per process or per group (the first read: SIGSEGV in the work's destructor on one rank,
-``malloc(): unaligned tcache chunk detected`` on the other; one launch hung), and none of 16
+device per process or per group (the first read: SIGSEGV in the work's destructor, and
+``malloc(): unaligned tcache chunk detected`` in the same process; one launch hung), and none of 16
 with one all-gather per bucket on the same buffers (2026-12-07).
 """
 
