@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.core.distributed import DistributedDataParallel
+from megatron.core.distributed.param_and_grad_buffer import shard_buffer
 from megatron.mllm.grad_overlap import first_use
 
 
@@ -88,8 +89,7 @@ def start_bucket_gathers(group) -> None:
     rank = group.intra_distributed_optimizer_instance_rank
     works = []
     for bucket in group.buckets:
-        shard = bucket.param_data.numel() // size
-        mine = bucket.param_data.view(-1).narrow(0, rank * shard, shard)
+        mine = shard_buffer(bucket.param_data, size)[rank]  # megatron-core's own cut
         works.append(dist.all_gather_single(bucket.param_data, mine, group=pg, async_op=True))
     group.param_gather_handle = BucketGathers(works)
     group.param_gather_dispatched = True
