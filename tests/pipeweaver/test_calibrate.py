@@ -187,7 +187,13 @@ def test_calibrate_quick_grid_and_semu_reads_it(tmp_path):
     costs = ModelCosts(spec)
     for module, t in cal.modules.items():
         assert min(t.const_s, t.linear_s, t.quadratic_s, t.per_sequence_s) >= 0
-        assert t.linear_s > 0 or t.const_s > 0
+        # Some term carries a forward call's time. Which one is the fit's choice: on this tiny
+        # grid (8-32 tokens per call) a loaded host's timings can go wholly to the chunk's or
+        # the input layer's fixed cost, leaving the per-layer terms at zero.
+        forward_terms = (t.const_s, t.linear_s, t.quadratic_s, t.per_sequence_s, t.chunk_const_s,
+                         t.input_const_s, t.input_s_per_token or 0.0, t.head_const_s,
+                         t.head_s_per_token or 0.0)  # fmt: skip
+        assert max(forward_terms) > 0
         assert t.backward_ratio > 0 and t.head_s_per_token is not None
         # The measured activation bytes of a layer agree with the cost description's formula.
         analytic = costs.layer_activation_bytes(module, [100]) / 100
