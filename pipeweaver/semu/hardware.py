@@ -207,6 +207,14 @@ class ClusterSpec:
         """Whether every rank of a group sits in one node."""
         return len({self.node_of(r) for r in ranks}) <= 1
 
+    def pipeline_same_node(
+        self, tp: int, dp: int, pp: int, replica: int
+    ) -> tuple[tuple[bool, ...], ...]:
+        """``intra[a][b]``: pipeline ranks a and b of DP replica ``replica`` share a node
+        (Megatron's rank order: TP fastest, then DP, then PP)."""
+        node = [self.node_of(tp * (replica + dp * r)) for r in range(pp)]
+        return tuple(tuple(node[a] == node[b] for b in range(pp)) for a in range(pp))
+
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "cluster") -> "ClusterSpec":
         """Build from a cluster config object (see ``scripts/configs/README.md``).

@@ -48,7 +48,7 @@ from pipeweaver.semu.grad_reduce import (
 )
 from pipeweaver.semu.hardware import ClusterSpec
 from pipeweaver.semu.model import ModelSpec
-from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, receive_posts, replay
+from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND, receive_post_ops, replay
 from pipeweaver.semu.results import Event, PipelineResult, StepPrediction
 from pipeweaver.semu.reuse import ReuseCache, collector_paused
 from pipeweaver.semu.timing import ComputeCost, KeptBytes, TimeModel
@@ -184,13 +184,6 @@ class Semu:
 
     # ---------------------------------------------------------------- one pipeline
 
-    def _rank_layout(self, replica: int) -> tuple[tuple[bool, ...], ...]:
-        """``intra[a][b]``: pipeline ranks a and b of this replica share a node."""
-        per_node = self.cluster.devices_per_node
-        glob = [self.tp * (replica + self.dp * r) for r in range(self.pp)]
-        node = [g // per_node for g in glob]
-        return tuple(tuple(node[a] == node[b] for b in range(self.pp)) for a in range(self.pp))
-
     def simulate_pipeline(
         self,
         schedule: Schedule,
@@ -218,7 +211,7 @@ class Semu:
             )
         start = tuple(float(s) for s in (start or [0.0] * schedule.num_ranks))
         layout = (
-            self._rank_layout(replica)
+            self.cluster.pipeline_same_node(self.tp, self.dp, self.pp, replica)
             if schedule.num_ranks == self.pp
             else tuple(
                 tuple(True for _ in range(schedule.num_ranks)) for _ in range(schedule.num_ranks)
@@ -303,12 +296,16 @@ class Semu:
             return v
 
         # The runtime's host time per posted and waited send and receive.
-        send_post, send_wait, recv_post, recv_wait = self.cost.transfer_host_s()
+        send_post, send_wait, recv_post, recv_wait, ready_extra = self.cost.transfer_host_s()
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}
         pieces, edge_base = graph.pieces, graph.edge_base
         send_op = CommOp.SEND
+
+        def edge_of(a) -> int:  # graph.edge_of, inlined
+            m = a.tensor.microbatch
+            return edge_base[m] + pieces[m].edge_id[(a.tensor, a.part)]
 
         def compile_compute(a: Compute, r: int) -> tuple:
             if self.compute_cost_fn is not None:
@@ -352,11 +349,15 @@ class Semu:
             # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
-            posts = receive_posts(actions) if recv_post and not implicit else None
+            posts = (
+                receive_post_ops(actions, recv_post, edge_of, layout[r] if ready_extra else None)
+                if recv_post and not implicit
+                else None
+            )
             links = [(r, peer) for peer in range(n)]
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:
-                    append((HOST, posts[i] * recv_post, "recv-post"))
+                    append(posts[i])
                 if type(a) is Compute:
                     table = rank_tables[a.microbatch]
                     op = table.get(a)
@@ -364,11 +365,9 @@ class Semu:
                         op = table[a] = compile_compute(a, r)
                     append(op)
                     continue
-                tensor, part = a.tensor, a.part
-                m = tensor.microbatch
-                edge = edge_base[m] + pieces[m].edge_id[(tensor, part)]  # graph.edge_of
+                edge = edge_of(a)
                 if a.op is send_op:
-                    occ, lat = link_of(tensor, part, r, a.peer)
+                    occ, lat = link_of(a.tensor, a.part, r, a.peer)
                     append((SEND, edge, links[a.peer], occ, lat, send_post))
                 else:
                     append((RECV, edge, recv_wait))
@@ -377,10 +376,10 @@ class Semu:
             else:
                 sends = 0
             if sends:
-                append((HOST, sends * send_wait, None))  # the runtime waits every send at the end
+                append((HOST, sends * send_wait, None, ()))  # the runtime waits sends at the end
             programs.append(ops)
 
-        return replay(programs, schedule.actions, graph, start, record)
+        return replay(programs, schedule.actions, graph, start, record, ready_extra)
 
     # ---------------------------------------------------------------- one step
 

@@ -251,18 +251,23 @@ class TimeModel:
             t += host.get("feature_s_per_element", 0.0) * feats
         return t * self.slowdown
 
-    def transfer_host_s(self) -> tuple[float, float, float, float]:
+    def transfer_host_s(self) -> tuple[float, float, float, float, float]:
         """The runtime's host seconds per posted send, per waited send, per posted receive and
-        per waited receive (zero uncalibrated). A transfer also takes compute from both of its
-        ranks (the transport's threads run on the cores they compute on,
-        ``transfer_compute_s``): charged with its posts."""
+        per waited receive (zero uncalibrated), and what a receive posted after its tensor was
+        sent costs more while the sender computes (``recv_post_ready_s`` over
+        ``recv_post_s``; 0 without it). A transfer also takes compute from both of its ranks
+        (the transport's threads run on the cores they compute on, ``transfer_compute_s``):
+        charged with its posts."""
         host, slow = self.host, self.slowdown
         transfer = host.get("transfer_compute_s", 0.0)
+        recv_post = host.get("recv_post_s", 0.0)
+        ready = max(0.0, host.get("recv_post_ready_s", recv_post) - recv_post)
         return (
             (host.get("send_post_s", 0.0) + transfer) * slow,
             host.get("send_wait_s", 0.0) * slow,
-            (host.get("recv_post_s", 0.0) + transfer) * slow,
+            (recv_post + transfer) * slow,
             host.get("recv_wait_s", 0.0) * slow,
+            ready * slow,
         )
 
     def balancer_time(self, balancer_bytes: Mapping[str, Any] | None) -> float:

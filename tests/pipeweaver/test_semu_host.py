@@ -367,3 +367,87 @@ def test_runtime_stage_runs_the_executor_on_every_module():
                         "sub_join_backward_s"}  # fmt: skip
     assert got["runtime_forward_s"] > 0 and got["runtime_backward_s"] > 0
     assert all(v >= 0 for v in got.values())
+
+
+def _ready_post_programs(sender_computes: float, send_after: float):
+    """Rank 1 computes ``send_after`` seconds, sends tensor 0 to rank 0 and computes
+    ``sender_computes`` more; rank 0 computes 1 s, posts its receive (RECV_POST), waits the
+    tensor and computes 1 s. Free links."""
+    from pipeweaver.semu.replay import COMPUTE, HOST, RECV, SEND
+
+    def compute(seconds: float, pair: int) -> tuple:
+        return (COMPUTE, None, seconds, 0.0, 0.0, True, pair, (), (), "c")
+
+    send = (SEND, 0, (1, 0), 0.0, 0.0, 0.0)
+    sender = [compute(send_after, 2), send] if send_after else [send]
+    if sender_computes:
+        sender.append(compute(sender_computes, 3))
+    poster = [compute(1.0, 0), (HOST, RECV_POST, "recv-post", ((0, 1),)), (RECV, 0, 0.0)]
+    poster.append(compute(1.0, 1))
+    return [poster, sender]
+
+
+@pytest.mark.parametrize(
+    "sender_computes,send_after,extra_paid",
+    [
+        (10.0, 0.0, True),  # sent before the post, the sender computing at it: dearer
+        (0.0, 0.0, False),  # sent before the post, the sender idle at it: a plain post
+        (0.5, 0.0, False),  # the sender's compute ended before the post
+        (10.0, 2.0, False),  # posted before the send: the send starts the transfer
+    ],
+)
+def test_a_receive_posted_after_its_send_while_the_sender_computes_costs_more(
+    sender_computes, send_after, extra_paid
+):
+    """A receive whose tensor was sent already starts the transfer at its post; while the
+    sender computes (a full 2-core host) the post costs ``ready_extra`` more, and only then."""
+    from types import SimpleNamespace
+
+    from pipeweaver.semu.replay import replay
+
+    graph = SimpleNamespace(num_edges=1, num_computes=4)
+    extra = 2.0**-1
+    programs = _ready_post_programs(sender_computes, send_after)
+    got = replay(programs, [[], []], graph, [0.0, 0.0], False, ready_extra=extra)
+    plain = replay(programs, [[], []], graph, [0.0, 0.0], False)
+    arrival = max(1.0 + RECV_POST, send_after)
+    assert plain.rank_end[0] == arrival + 1.0
+    assert got.rank_end[0] == plain.rank_end[0] + (extra if extra_paid else 0.0)
+    assert got.rank_end[1] == plain.rank_end[1] and got.busy == plain.busy
+
+
+def test_ready_receive_posts_need_the_calibration_figure():
+    """``recv_post_ready_s`` prices the ready posts over ``recv_post_s``; without it (a GPU
+    calibration, an old file) SEMU's timeline is exactly the one before; on the dynamic order
+    of interleaved chunks, where both ranks compute while their tensors wait, it is longer."""
+    spec = model_spec({**CPU_FLAGS, "pipeline-model-parallel-size": 2, "vision-num-layers": 4})
+    pl = Placement.interleaved(2, spec.layers(), {"vision": 2})
+    mbs = [
+        MicrobatchMeta((120, 30), 150, {"vision": (SubBatch((16, 16), 8),)}, 1.0, 2),
+        MicrobatchMeta((90,), 90, {"vision": (SubBatch((32,), 8),)}, 1.0, 1),
+        MicrobatchMeta((60, 60), 120, {"vision": (SubBatch((64,), 16),)}, 1.0, 2),
+    ]
+    from pipeweaver.interleave import greedy_dual_queue
+
+    structure = structure_of(mbs, ["vision", "audio"])
+    sched = greedy_dual_queue(pl, structure, lambda a: F if a.kind is Kind.F else B)
+    check(sched)
+
+    def const(_placement, a, _mb):
+        return ComputeCost(F if a.kind is Kind.F else B, 0.0, 0.0)
+
+    def run(**host):
+        cal = _host_calibration(recv_post_s=RECV_POST, **host)
+        semu = Semu(spec, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
+        return semu.simulate_pipeline(sched, mbs, record_events=True)
+
+    base, same, ready = run(), run(recv_post_ready_s=RECV_POST), run(recv_post_ready_s=1.0)
+    assert same.rank_end == base.rank_end and same.events == base.events
+    assert ready.makespan > base.makespan and ready.busy == base.busy
+    posts = [e for e in ready.events if e.name == "recv-post"]
+    # Every post costs its receives' RECV_POST, each ready one 1 s in all.
+    extra = sum(e.end - e.start for e in posts) - sum(
+        e.end - e.start for e in base.events if e.name == "recv-post"
+    )
+    ready_posts = extra / (1.0 - RECV_POST)
+    assert ready_posts >= 1 and abs(ready_posts - round(ready_posts)) < 1e-9
