@@ -60,7 +60,8 @@ grid of the first three, for tests):
     time of the runtime's transfers as a running step pays it, both processes computing between
     them (``send_post_s``, ``send_wait_s``, ``recv_post_s``, ``recv_wait_s``:
     ``pipeweaver.runtime.p2p`` posting and waiting isend/irecv; ``transfer_compute_s``: the
-    compute a process loses per transfer).
+    compute a process loses per transfer), and posting a receive whose tensor the other
+    process has sent already while it computes (``recv_post_ready_s``).
 
 Plus the device's matmul FLOP/s and copy bandwidth (``hardware``) and the compute efficiency of
 the layers' matrix multiplies relative to that peak (``efficiency``). Every process of the main

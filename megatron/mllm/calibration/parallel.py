@@ -13,7 +13,8 @@ collectives it calls besides those it measures (barriers, gathering the figures)
   all-reduce per size (DDP's ``finish_grad_sync``), and how much slower a process computes
   while the other one computes too (``shared_node_slowdown``), and the host time of the
   runtime's own transfers as a running step pays them (posting and waiting ``isend`` /
-  ``irecv`` while both processes compute: ``send_post_s`` ..., ``transfer_compute_s``).
+  ``irecv`` while both processes compute: ``send_post_s`` ..., ``transfer_compute_s``; a
+  receive posted after its tensor was sent, while the sender computes: ``recv_post_ready_s``).
 
 The worker runs as ``python -m megatron.mllm.calibration.parallel --out F --model M ...``.
 """
@@ -255,10 +256,42 @@ def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
         if r:
             lost = (computed[True] - computed[False]) / (2 * iters)
             times["transfer_compute_s"].append(max(0.0, lost))
+    times["recv_post_ready_s"] = _ready_receives(p2p, peer, payload, compute, reps)
     mine = torch.tensor([statistics.median(v) for v in times.values()], dtype=torch.float64)
     gathered = distributed.all_gather(mine)
     both = (gathered[0] + gathered[1]) / 2
     return dict(zip(times, map(float, both)))
+
+
+def _ready_receives(p2p, peer: int, payload: torch.Tensor, compute, reps: int) -> list[float]:
+    """Per round, the mean seconds of posting a receive whose tensor the peer has sent already,
+    while the peer computes: such a post starts the transfer there and then, and on a host the
+    two processes fill, the transport threads it wakes take a core from one of them (the
+    dynamic pipeline's dearest posts, README "The runtime's transfers as a running step pays
+    them"). The processes take turns: the sender posts its send and computes twice; the poster
+    computes once (the send is posted by then), posts the receive, computes and waits. This
+    rank's rounds as the poster are returned (empty on the other rank's turns)."""
+    iters, mine = 48, []
+    for r in range(2 * (reps + 1)):
+        poster = r % 2
+        distributed.barrier()
+        took = 0.0
+        for _ in range(iters):
+            if p2p.stage != poster:
+                sent = p2p.isend(payload, peer)
+                compute()
+                compute()
+                p2p.wait(sent, "calibration send", peer)
+                continue
+            compute()
+            t = time.perf_counter()
+            received = p2p.irecv(torch.empty_like(payload), peer)
+            took += time.perf_counter() - t
+            compute()
+            p2p.wait(received, "calibration receive", peer)
+        if r >= 2 and p2p.stage == poster:  # the first round of each role warms up
+            mine.append(took / iters)
+    return mine
 
 
 def _paired_compute(run, mllm, pg, reps: int) -> tuple[float, list, list]:
