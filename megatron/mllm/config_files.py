@@ -170,6 +170,7 @@ def semu_model_spec(run: RunConfig, model: MLLMConfig, name: str = "") -> ModelS
             distributed_optimizer=bool(run.optimizer.use_distributed_optimizer),
             distributed_optimizer_instances=int(run.ddp.num_distributed_optimizer_instances),
             pipeline_layout=run.pipeline.pipeline_layout or "",
+            receive_posting=run.pipeline.pipeline_receive_posting or "",
         ),
         training=TrainingSetup(
             micro_batch_size=run.micro_batch_size,

@@ -257,6 +257,12 @@ class PipelineConfig:
     """Runtime schedules: recompute every chunk's forward in its backward (activation
     checkpointing per stage)."""
 
+    pipeline_receive_posting: Literal["step", "send"] | None = None
+    """Runtime schedules: post every receive when the step starts (step: all buffers at once),
+    or each just ahead of the send after it (send: the fewest buffers alive). Default: step on
+    gloo, where a receive posted after its tensor was sent waits for a core (measured on CPU);
+    send on NCCL, where early buffers would hold GPU memory the schedule's limit does not count."""
+
     schedule_search_budget_ms: float | None = None
     """dynamic: milliseconds the hierarchical schedule search (MCTS over segment priorities,
     each rollout ordered greedily and scored by SEMU) may spend on one batch, one batch ahead;

@@ -92,6 +92,7 @@ class PipelineRuntime:
         dtype: torch.dtype,
         memory_cap: int | None = None,
         activation_bytes: Callable[[Compute], int] | None = None,
+        receives_at_step_start: bool = False,
     ):
         """Args:
         placement: where every chunk lives; fixed for the run.
@@ -102,6 +103,10 @@ class PipelineRuntime:
         dtype: activation dtype (``config.pipeline_dtype``).
         memory_cap: activation bytes per rank the checker enforces; None: no cap.
         activation_bytes: bytes a forward keeps, for the cap.
+        receives_at_step_start: post every receive of a step when it starts, instead of each
+            just ahead of the send that follows it (the checker's contract, the least it
+            needs): on gloo a receive posted after its tensor was sent starts the transfer in
+            the post, and the transport threads it wakes take the poster's core.
         """
         if p2p.num_stages != placement.num_ranks:
             raise ValueError(
@@ -121,6 +126,7 @@ class PipelineRuntime:
         self.last_microbatches: list = []
         """The microbatches of the latest step."""
         self.activation_bytes = activation_bytes
+        self.receives_at_step_start = receives_at_step_start
 
     @property
     def holds_loss(self) -> bool:
@@ -309,8 +315,9 @@ class _Step:
     # ---------------------------------------------------------------------- communication
 
     def _post_receives(self, i: int) -> None:
-        """Post the irecvs up to the next send after action ``i`` (the checker's contract)."""
-        horizon = i + 1
+        """Post the irecvs up to the next send after action ``i`` (the checker's contract), or
+        every one of the step at its first action (``receives_at_step_start``)."""
+        horizon = len(self.actions) if self.rt.receives_at_step_start else i + 1
         while horizon < len(self.actions):
             a = self.actions[horizon]
             if isinstance(a, Comm) and a.is_send:

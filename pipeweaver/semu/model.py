@@ -60,6 +60,11 @@ class ParallelLayout:
     are all-reduced across the copies (:mod:`pipeweaver.semu.dp_groups`). 1: over the whole
     DP group."""
 
+    receive_posting: str = ""
+    """When the runtime posts a stage's receives (``--pipeline-receive-posting``): ``step``
+    (all at the step's start), ``send`` (each ahead of the send after it) or ``""``: the
+    trainer's default, ``step`` on a CPU cluster (gloo) and ``send`` on GPUs."""
+
     pipeline_layout: str = ""
     """The trainer's ``--pipeline-layout`` when given (:data:`pipeweaver.semu.scenario.PLACEMENTS`;
     ``""``: each schedule's default, :func:`pipeweaver.semu.scenario.placement_kind`)."""
@@ -75,6 +80,10 @@ class ParallelLayout:
             raise ModelConfigError(
                 f"--num-distributed-optimizer-instances must be an int >= 1, got {instances!r}"
             )
+
+    def receives_at_step_start(self, device: str) -> bool:
+        """Whether the runtime posts every receive at the step's start on ``device``."""
+        return (self.receive_posting or ("step" if device == "cpu" else "send")) == "step"
 
     def sharded(self, what: str) -> bool:
         """Whether ``optim``, ``grads`` or ``params`` are sharded over DP."""

@@ -45,11 +45,14 @@ COMPUTE, SEND, RECV, HOST = 0, 1, 2, 3
 """Op codes of a compiled program."""
 
 
-def posted_receives(actions: Sequence) -> list[list[int]]:
+def posted_receives(actions: Sequence, at_step_start: bool = False) -> list[list[int]]:
     """Per action, the indices of the receives the runtime posts right before it: every
     receive not posted yet up to the next send after it (``pipeweaver.runtime.executor``'s
-    posting rule)."""
+    posting rule), or, ``at_step_start``, every receive before the first action."""
     n = len(actions)
+    if at_step_start:
+        every = [i for i, a in enumerate(actions) if type(a) is not Compute and not a.is_send]
+        return [every] + [[] for _ in range(n - 1)] if n else []
     next_send = [n] * (n + 1)  # next_send[i]: the first send at index >= i
     for i in range(n - 1, -1, -1):
         a = actions[i]
@@ -76,13 +79,14 @@ def receive_post_ops(
     seconds: float,
     edge_of: Callable[[Action], int],
     same_host: Sequence[bool] | None,
+    at_step_start: bool = False,
 ) -> list[tuple | None]:
     """Per action, the host op that posts the receives the runtime posts right before it
-    (``seconds`` each), or None. With ``same_host`` (per peer: whether it shares the rank's
+    (``seconds`` each; :func:`posted_receives`), or None. With ``same_host`` (per peer: whether it shares the rank's
     host, hence its cores), the op lists the receives from such peers as ``(transfer,
     sender)``: the candidates for ``replay``'s ready posts."""
     ops: list[tuple | None] = []
-    for posted in posted_receives(actions):
+    for posted in posted_receives(actions, at_step_start):
         if not posted:
             ops.append(None)
             continue

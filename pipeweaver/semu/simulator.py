@@ -297,6 +297,7 @@ class Semu:
 
         # The runtime's host time per posted and waited send and receive.
         send_post, send_wait, recv_post, recv_wait, ready_extra = self.cost.transfer_host_s()
+        at_start = self.spec.parallel.receives_at_step_start(self.cluster.device.name)
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}
@@ -349,11 +350,9 @@ class Semu:
             # Compiled ops hold graph ids: the graph object (kept alive by the key) is part of it.
             rank_tables = [t.setdefault((implicit, layout_key, r, graph), {}) for t in tables]
             actions = schedule.actions[r]
-            posts = (
-                receive_post_ops(actions, recv_post, edge_of, layout[r] if ready_extra else None)
-                if recv_post and not implicit
-                else None
-            )
+            hosts, posts = layout[r] if ready_extra else None, None
+            if recv_post and not implicit:
+                posts = receive_post_ops(actions, recv_post, edge_of, hosts, at_start)
             links = [(r, peer) for peer in range(n)]
             for i, a in enumerate(actions):
                 if posts is not None and posts[i]:

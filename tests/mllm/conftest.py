@@ -79,8 +79,10 @@ def world2(tmp_path_factory, references, workload_dir):
         "dp2-balanced": BALANCED,
         "dp2-balanced-no-overlap": [*BALANCED, "--no-overlap-exchanges"],
         "pp2-1f1b": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b"],
+        # Receives posted each ahead of its send (NCCL's default; gloo's posts them all first).
         "pp2-interleaved": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
-                            "interleaved", "--llm-chunks-per-stage", "2"],  # fmt: skip
+                            "interleaved", "--llm-chunks-per-stage", "2",
+                            "--pipeline-receive-posting", "send"],  # fmt: skip
         "pp2-dynamic": DYNAMIC,
         "pp2-dynamic-subs-recompute": [*DYNAMIC, "--vision-chunks-per-stage", "1",
                                        "--llm-chunks-per-stage", "2",

@@ -19,7 +19,7 @@ from pipeweaver.generators import dataflow, one_f_one_b
 from pipeweaver.ir import Comm, Compute, Kind, Memory
 from pipeweaver.placement import Placement
 from pipeweaver.semu.batches import MicrobatchMeta, SubBatch, structure_of
-from pipeweaver.semu.replay import receive_posts
+from pipeweaver.semu.replay import posted_receives, receive_posts
 from pipeweaver.semu.simulator import Semu
 from pipeweaver.semu.timing import ComputeCost
 
@@ -113,6 +113,11 @@ def test_receive_postings_follow_the_runtime_rule(p, m):
     sched = one_f_one_b(Placement.baseline(p, spec.layers()), MicrobatchStructure(m))
     for actions in sched.actions:
         assert receive_posts(actions) == _posts_by_the_runtime(actions)
+        every = posted_receives(actions, at_step_start=True)
+        assert every[0] == [
+            i for i, a in enumerate(actions) if isinstance(a, Comm) and not a.is_send
+        ]
+        assert not any(every[1:])
         assert sum(receive_posts(actions)) == sum(
             isinstance(a, Comm) and not a.is_send for a in actions
         )
@@ -443,6 +448,18 @@ def test_ready_receive_posts_need_the_calibration_figure():
 
     base, same, ready = run(), run(recv_post_ready_s=RECV_POST), run(recv_post_ready_s=1.0)
     assert same.rank_end == base.rank_end and same.events == base.events
+    # Every receive posted when the step starts (gloo's default): none waits for a core.
+    early = dataclasses.replace(
+        spec, parallel=dataclasses.replace(spec.parallel, receive_posting="step")
+    )
+    cal = _host_calibration(recv_post_s=RECV_POST, recv_post_ready_s=1.0)
+    semu = Semu(early, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
+    at_start = semu.simulate_pipeline(sched, mbs, record_events=True)
+    posts = [e for e in at_start.events if e.name == "recv-post"]
+    recvs = [sum(isinstance(x, Comm) and not x.is_send for x in acts) for acts in sched.actions]
+    assert sorted((e.rank, e.start, e.end) for e in posts) == [
+        (r, 0.0, recvs[r] * RECV_POST) for r in range(2)
+    ]
     assert ready.makespan > base.makespan and ready.busy == base.busy
     posts = [e for e in ready.events if e.name == "recv-post"]
     # Every post costs its receives' RECV_POST, each ready one 1 s in all.

@@ -124,7 +124,7 @@ def _actions(mllm, reps: int, ref: Reference) -> dict[str, float]:
 
     runtime = types.SimpleNamespace(
         rank=0, device=torch.device("cpu"), dtype=torch.float32, placement=placement,
-        chunk_module=lambda mod, c: chunks[(mod, c)], p2p=None,
+        chunk_module=lambda mod, c: chunks[(mod, c)], p2p=None, receives_at_step_start=False,
     )  # fmt: skip
     config = types.SimpleNamespace(deallocate_pipeline_outputs=True, timers=None)
     counts = {"F": 0, "B": 0}

@@ -150,6 +150,8 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
                 run, mllm, pg_collection, device, sub_tokens, sub_units, budget, calibration
             )
             schedule_fn = searched
+    backend = torch.distributed.get_backend(pg_collection.pp)
+    posting = run.pipeline.pipeline_receive_posting or ("step" if backend == "gloo" else "send")
     runtime = PipelineRuntime(
         model.placement,
         model.chunk_module,
@@ -157,6 +159,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         schedule_fn,
         device,
         config.pipeline_dtype or config.params_dtype,
+        receives_at_step_start=posting == "step",
     )
     chunks = ", ".join(
         f"{m} {model.placement.num_chunks(m)} chunks" for m in model.placement.modules
@@ -168,7 +171,10 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         )
 
     layout = model.run_layout.layout if model.run_layout is not None else run.pipeline.layout
-    schedule = f"{name} (OrchWeave runtime, layout {layout}: {chunks})"
+    posting = "the step's start" if runtime.receives_at_step_start else "each send"
+    schedule = (
+        f"{name} (OrchWeave runtime, layout {layout}: {chunks}; receives posted at {posting})"
+    )
     if searched is not None:
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
