@@ -13,6 +13,9 @@ that the host's drift hits all variants alike:
 - ``searched``: the same with the schedule search (MCTS over segment priorities, one batch
   ahead) on every batch, forced on with a 200 ms budget (by default it is off on a host without
   a spare core, such as this 2-core one) and its guard off;
+- ``1f1b-send``, ``greedy-send`` (not run by default): ``1f1b`` and ``greedy`` with the
+  runtime's receives posted each ahead of its send (``--pipeline-receive-posting send``,
+  NCCL's default) instead of all at the step's start (gloo's);
 - ``guarded``: the same with the guard as a run has it by default
   (``orchestration.measured_guard``): a probe of 24 iterations from iteration 9 measures the
   search against greedy and keeps whichever is faster, so the default ``--warmup`` (32) times
@@ -71,6 +74,11 @@ VARIANTS = {
     "megatron": ["--pipeline-schedule", "megatron"],
     "1f1b": ["--pipeline-schedule", "1f1b"],
     "greedy": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
+    # The runtime's receives posted each ahead of its send (NCCL's default) instead of all at
+    # the step's start (gloo's): what posting them early is worth on this host.
+    "1f1b-send": ["--pipeline-schedule", "1f1b", "--pipeline-receive-posting", "send"],
+    "greedy-send": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0",
+                    "--pipeline-receive-posting", "send"],  # fmt: skip
     # Forced: by default the search is off on a host without a spare core, as here.
     "searched": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "200",
                  "--schedule-search-guard-interval", "0"],  # fmt: skip
