@@ -44,7 +44,9 @@ them stay valid):
   (a receive action's wait once the tensor has arrived), each as a running step pays it (both
   stages computing), ``recv_post_ready_s`` (posting one ``irecv`` whose tensor the peer has
   sent already, while the peer computes: the post starts the transfer, and the transport's
-  threads it wakes take the poster's core), ``transfer_compute_s`` (the compute a rank loses per transfer it sends or
+  threads it wakes take the poster's core), ``recv_post_start_s`` (one of the receives posted
+  back to back when the step starts, ``--pipeline-receive-posting step``),
+  ``transfer_compute_s`` (the compute a rank loses per transfer it sends or
   receives, to the threads that move the data on the cores it computes on),
   ``runtime_forward_s`` / ``runtime_backward_s`` (the runtime's bookkeeping per forward /
   backward action outside megatron-core's ``forward_step`` / ``backward_step``: gathering
@@ -79,7 +81,7 @@ HOST_TIME_FIELDS = (
     "sample_s", "feature_s_per_element", "optimizer_step_s", "optimizer_s_per_tensor",
     "optimizer_s_per_param", "forward_step_s", "backward_step_s", "step_s", "microbatch_s",
     "stage_s", "token_s", "send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s",
-    "recv_post_ready_s", "transfer_compute_s", "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
+    "recv_post_ready_s", "recv_post_start_s", "transfer_compute_s", "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
     "sub_join_backward_s",
 )  # fmt: skip
 """The ``host`` entries in seconds (``shared_node_slowdown`` is a ratio)."""

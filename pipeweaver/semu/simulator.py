@@ -296,8 +296,10 @@ class Semu:
             return v
 
         # The runtime's host time per posted and waited send and receive.
-        send_post, send_wait, recv_post, recv_wait, ready_extra = self.cost.transfer_host_s()
         at_start = self.spec.parallel.receives_at_step_start(self.cluster.device.name)
+        send_post, send_wait, recv_post, recv_wait, ready_extra = self.cost.transfer_host_s(
+            at_start
+        )
 
         facts = self._chunk_facts(placement)
         seqs: dict = {}

@@ -251,17 +251,20 @@ class TimeModel:
             t += host.get("feature_s_per_element", 0.0) * feats
         return t * self.slowdown
 
-    def transfer_host_s(self) -> tuple[float, float, float, float, float]:
-        """The runtime's host seconds per posted send, per waited send, per posted receive and
-        per waited receive (zero uncalibrated), and what a receive posted after its tensor was
-        sent costs more while the sender computes (``recv_post_ready_s`` over
-        ``recv_post_s``; 0 without it). A transfer also takes compute from both of its ranks
-        (the transport's threads run on the cores they compute on, ``transfer_compute_s``):
-        charged with its posts."""
+    def transfer_host_s(self, at_step_start: bool = False) -> tuple[float, ...]:
+        """The runtime's host seconds per posted send, per waited send, per posted receive (one
+        of those posted back to back when the step starts with ``at_step_start``:
+        ``recv_post_start_s``, else as any) and per waited receive (zero uncalibrated), and
+        what a receive posted after its tensor was sent costs more while the sender computes
+        (``recv_post_ready_s`` over ``recv_post_s``; 0 without it). A transfer also takes
+        compute from both of its ranks (the transport's threads run on the cores they compute
+        on, ``transfer_compute_s``): charged with its posts."""
         host, slow = self.host, self.slowdown
         transfer = host.get("transfer_compute_s", 0.0)
         recv_post = host.get("recv_post_s", 0.0)
         ready = max(0.0, host.get("recv_post_ready_s", recv_post) - recv_post)
+        if at_step_start:
+            recv_post = host.get("recv_post_start_s", recv_post)
         return (
             (host.get("send_post_s", 0.0) + transfer) * slow,
             host.get("send_wait_s", 0.0) * slow,

@@ -448,18 +448,22 @@ def test_ready_receive_posts_need_the_calibration_figure():
 
     base, same, ready = run(), run(recv_post_ready_s=RECV_POST), run(recv_post_ready_s=1.0)
     assert same.rank_end == base.rank_end and same.events == base.events
-    # Every receive posted when the step starts (gloo's default): none waits for a core.
+    # Every receive posted when the step starts (gloo's default): none waits for a core, and
+    # each costs recv_post_s, or recv_post_start_s where the calibration has it.
     early = dataclasses.replace(
         spec, parallel=dataclasses.replace(spec.parallel, receive_posting="step")
     )
-    cal = _host_calibration(recv_post_s=RECV_POST, recv_post_ready_s=1.0)
-    semu = Semu(early, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
-    at_start = semu.simulate_pipeline(sched, mbs, record_events=True)
-    posts = [e for e in at_start.events if e.name == "recv-post"]
     recvs = [sum(isinstance(x, Comm) and not x.is_send for x in acts) for acts in sched.actions]
-    assert sorted((e.rank, e.start, e.end) for e in posts) == [
-        (r, 0.0, recvs[r] * RECV_POST) for r in range(2)
-    ]
+    for start in (None, TRANSFER):
+        host = {"recv_post_ready_s": 1.0, **({"recv_post_start_s": start} if start else {})}
+        cal = _host_calibration(recv_post_s=RECV_POST, **host)
+        semu = Semu(early, _cluster(2, free_comm=True), cal, compute_cost_fn=const)
+        at_start = semu.simulate_pipeline(sched, mbs, record_events=True)
+        posts = [e for e in at_start.events if e.name == "recv-post"]
+        each = start or RECV_POST
+        assert sorted((e.rank, e.start, e.end) for e in posts) == [
+            (r, 0.0, recvs[r] * each) for r in range(2)
+        ]
     assert ready.makespan > base.makespan and ready.busy == base.busy
     posts = [e for e in ready.events if e.name == "recv-post"]
     # Every post costs its receives' RECV_POST, each ready one 1 s in all.

@@ -61,7 +61,8 @@ grid of the first three, for tests):
     them (``send_post_s``, ``send_wait_s``, ``recv_post_s``, ``recv_wait_s``:
     ``pipeweaver.runtime.p2p`` posting and waiting isend/irecv; ``transfer_compute_s``: the
     compute a process loses per transfer), and posting a receive whose tensor the other
-    process has sent already while it computes (``recv_post_ready_s``).
+    process has sent already while it computes (``recv_post_ready_s``), and one of several
+    posted back to back when a step starts (``recv_post_start_s``).
 
 Plus the device's matmul FLOP/s and copy bandwidth (``hardware``) and the compute efficiency of
 the layers' matrix multiplies relative to that peak (``efficiency``). Every process of the main

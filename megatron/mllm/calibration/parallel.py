@@ -14,7 +14,8 @@ collectives it calls besides those it measures (barriers, gathering the figures)
   while the other one computes too (``shared_node_slowdown``), and the host time of the
   runtime's own transfers as a running step pays them (posting and waiting ``isend`` /
   ``irecv`` while both processes compute: ``send_post_s`` ..., ``transfer_compute_s``; a
-  receive posted after its tensor was sent, while the sender computes: ``recv_post_ready_s``).
+  receive posted after its tensor was sent, while the sender computes: ``recv_post_ready_s``;
+  one of several posted back to back at the step's start: ``recv_post_start_s``).
 
 The worker runs as ``python -m megatron.mllm.calibration.parallel --out F --model M ...``.
 """
@@ -257,10 +258,36 @@ def _runtime_transfers(mllm, pg, reps: int) -> dict[str, float]:
             lost = (computed[True] - computed[False]) / (2 * iters)
             times["transfer_compute_s"].append(max(0.0, lost))
     times["recv_post_ready_s"] = _ready_receives(p2p, peer, payload, compute, reps)
+    times["recv_post_start_s"] = _receives_at_start(p2p, peer, payload, compute, reps)
     mine = torch.tensor([statistics.median(v) for v in times.values()], dtype=torch.float64)
     gathered = distributed.all_gather(mine)
     both = (gathered[0] + gathered[1]) / 2
     return dict(zip(times, map(float, both)))
+
+
+def _receives_at_start(p2p, peer: int, payload: torch.Tensor, compute, reps: int) -> list[float]:
+    """Per round, the mean seconds of one receive posted back to back with the step's others
+    when the step starts (``--pipeline-receive-posting step``, gloo's default): each process
+    posts 8 receives, then computes and sends 8 tensors, and waits them all."""
+    iters, count, mine = 24, 8, []
+    for r in range(reps + 1):
+        distributed.barrier()
+        took = 0.0
+        for _ in range(iters):
+            t = time.perf_counter()
+            received = [p2p.irecv(torch.empty_like(payload), peer) for _ in range(count)]
+            took += time.perf_counter() - t
+            sent = []
+            for _ in range(count):
+                compute()
+                sent.append(p2p.isend(payload, peer))
+            for work in received:
+                p2p.wait(work, "calibration receive", peer)
+            for work in sent:
+                p2p.wait(work, "calibration send", peer)
+        if r:  # the first round warms up
+            mine.append(took / (iters * count))
+    return mine
 
 
 def _ready_receives(p2p, peer: int, payload: torch.Tensor, compute, reps: int) -> list[float]:
