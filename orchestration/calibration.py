@@ -81,8 +81,8 @@ HOST_TIME_FIELDS = (
     "sample_s", "feature_s_per_element", "optimizer_step_s", "optimizer_s_per_tensor",
     "optimizer_s_per_param", "forward_step_s", "backward_step_s", "step_s", "microbatch_s",
     "stage_s", "token_s", "send_post_s", "send_wait_s", "recv_post_s", "recv_wait_s",
-    "recv_post_ready_s", "recv_post_start_s", "transfer_compute_s", "runtime_forward_s", "runtime_backward_s", "sub_split_s", "sub_join_s",
-    "sub_join_backward_s",
+    "recv_post_ready_s", "recv_post_start_s", "transfer_compute_s", "runtime_forward_s",
+    "runtime_backward_s", "sub_split_s", "sub_join_s", "sub_join_backward_s",
 )  # fmt: skip
 """The ``host`` entries in seconds (``shared_node_slowdown`` is a ratio)."""
 

@@ -18,10 +18,10 @@ program of op tuples with integer ids from a :class:`~pipeweaver.transfers.Trans
 
 A receive posted after its tensor was sent starts the transfer there and then: the gloo threads
 the post wakes need a core, and where the sender shares the poster's host and computes at that
-moment (both ranks of a 2-core host busy) they take it from the poster (traced on this CPU, README "The runtime's
-transfers as a running step pays them"). Each such post costs ``ready_extra`` seconds more than
-a post ahead of its tensor (``recv_post_ready_s`` of a calibration; 0 where it has none, as on
-GPUs, whose ranks do not compute on the host's cores).
+moment (both ranks of a 2-core host busy) they take it from the poster (traced on this CPU,
+README "The runtime's transfers as a running step pays them"). Each such post costs
+``ready_extra`` seconds more than a post ahead of its tensor (``recv_post_ready_s`` of a
+calibration; 0 where it has none, as on GPUs, whose ranks do not compute on the host's cores).
 
 With ``record``, the host seconds of posting (``recv-post``, ``send-post``) are events of
 category ``host``, as the runtime's timers count them; a wait's are not (its timers count them
@@ -82,9 +82,9 @@ def receive_post_ops(
     at_step_start: bool = False,
 ) -> list[tuple | None]:
     """Per action, the host op that posts the receives the runtime posts right before it
-    (``seconds`` each; :func:`posted_receives`), or None. With ``same_host`` (per peer: whether it shares the rank's
-    host, hence its cores), the op lists the receives from such peers as ``(transfer,
-    sender)``: the candidates for ``replay``'s ready posts."""
+    (``seconds`` each; :func:`posted_receives`), or None. With ``same_host`` (per peer:
+    whether it shares the rank's host, hence its cores), the op lists the receives from such
+    peers as ``(transfer, sender)``: the candidates for ``replay``'s ready posts."""
     ops: list[tuple | None] = []
     for posted in posted_receives(actions, at_step_start):
         if not posted:

@@ -171,10 +171,8 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         )
 
     layout = model.run_layout.layout if model.run_layout is not None else run.pipeline.layout
-    posting = "the step's start" if runtime.receives_at_step_start else "each send"
-    schedule = (
-        f"{name} (OrchWeave runtime, layout {layout}: {chunks}; receives posted at {posting})"
-    )
+    posted = "the step's start" if runtime.receives_at_step_start else "each send"
+    schedule = f"{name} (OrchWeave runtime, layout {layout}: {chunks}; receives posted at {posted})"
     if searched is not None:
         schedule += (
             f", searched: {run.pipeline.schedule_search_rollouts} rollouts within "
