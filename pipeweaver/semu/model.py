@@ -26,6 +26,13 @@ FSDP_SHARDING: tuple[str, ...] = ("none", "no_shard", "optim", "optim_grads", "o
 """Values of :attr:`ParallelLayout.data_parallel_sharding` (Megatron-FSDP's strategies)."""
 
 
+def receives_at_step_start(posting: str, gloo: bool) -> bool:
+    """Whether the pipeline runtime posts every receive of a step when the step starts:
+    ``posting`` is ``--pipeline-receive-posting`` (``step``, ``send``, or empty for the
+    default, ``step`` on gloo and ``send`` on NCCL)."""
+    return (posting or ("step" if gloo else "send")) == "step"
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """How the model is split over devices (Megatron's flags)."""
@@ -82,8 +89,9 @@ class ParallelLayout:
             )
 
     def receives_at_step_start(self, device: str) -> bool:
-        """Whether the runtime posts every receive at the step's start on ``device``."""
-        return (self.receive_posting or ("step" if device == "cpu" else "send")) == "step"
+        """Whether the runtime posts every receive at the step's start on ``device`` (SEMU's
+        ``cpu`` device is the trainer's gloo)."""
+        return receives_at_step_start(self.receive_posting, gloo=device == "cpu")
 
     def sharded(self, what: str) -> bool:
         """Whether ``optim``, ``grads`` or ``params`` are sharded over DP."""

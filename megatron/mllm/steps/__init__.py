@@ -50,6 +50,7 @@ from pipeweaver.runtime.p2p import PipelineP2P
 from pipeweaver.search.batch_search import SearchInWorker
 from pipeweaver.search.partition import PartitionPlan
 from pipeweaver.semu.batches import pack_microbatch
+from pipeweaver.semu.model import receives_at_step_start
 
 __all__ = ["BalanceStats", "PackedStep", "TrainingStep", "build_stage_model", "build_step"]
 
@@ -150,8 +151,7 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
                 run, mllm, pg_collection, device, sub_tokens, sub_units, budget, calibration
             )
             schedule_fn = searched
-    backend = torch.distributed.get_backend(pg_collection.pp)
-    posting = run.pipeline.pipeline_receive_posting or ("step" if backend == "gloo" else "send")
+    gloo = torch.distributed.get_backend(pg_collection.pp) == "gloo"
     runtime = PipelineRuntime(
         model.placement,
         model.chunk_module,
@@ -159,7 +159,9 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
         schedule_fn,
         device,
         config.pipeline_dtype or config.params_dtype,
-        receives_at_step_start=posting == "step",
+        receives_at_step_start=receives_at_step_start(
+            run.pipeline.pipeline_receive_posting or "", gloo
+        ),
     )
     chunks = ", ".join(
         f"{m} {model.placement.num_chunks(m)} chunks" for m in model.placement.modules
