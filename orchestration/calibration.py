@@ -270,6 +270,38 @@ class Calibration:
         hardware = {k: v / factor for k, v in self.hardware.items()}
         return replace(self, modules=tables, host=host, comm=comm, hardware=hardware)
 
+    def over(self, base: "Calibration") -> "Calibration":
+        """This calibration's figures laid over ``base``'s: the result has every figure of
+        either, this one's where both have it (modules by name, ``host`` and ``comm`` entries
+        by key). A re-measure of some stages thus refreshes a full calibration: on a shared
+        host the layers' per-call costs drift by up to 2x within a day while the figures of
+        the other stages hold (``tools/calibrate.py --base``). The device peaks, efficiency
+        and host probe are this one's where it measured layers, since they describe the host
+        at the moment the layers were timed.
+
+        Raises:
+            ValueError: the two describe modules of different sizes (another model).
+        """
+        for m in set(self.model) & set(base.model):
+            if self.model[m] != base.model[m]:
+                raise ValueError(
+                    f"{base.path or 'the base calibration'}: module {m} is {base.model[m]}, "
+                    f"the new measurement's is {self.model[m]} (another model)"
+                )
+        layers = bool(self.modules)
+        return replace(
+            base,
+            modules={**base.modules, **self.modules},
+            model={**base.model, **self.model},
+            efficiency=self.efficiency if layers else base.efficiency,
+            source=f"{self.source}; over {base.path or 'a base calibration'}: {base.source}",
+            hardware=self.hardware if layers else base.hardware,
+            comm={**base.comm, **self.comm},
+            host={**base.host, **self.host},
+            machine=self.machine if layers else base.machine,
+            path="",
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this calibration."""
         out = {

@@ -289,6 +289,41 @@ def test_calibration_file_keeps_machine_and_old_files_load(tmp_path):
     assert Calibration.load(path).machine == {}
 
 
+def test_layers_measured_now_refresh_a_full_calibration_and_keep_the_rest():
+    """``tools/calibrate.py --stages layers --base F``: the new layer tables, device peaks and
+    probe replace F's; F's transfers and host figures stay where nothing new measured them."""
+    base = _measured_calibration()
+    base.model = {"llm": {"hidden_size": 64, "num_layers": 4}}
+    vision = dataclasses.replace(base.modules["llm"], const_s=3e-4)
+    base.modules = {**base.modules, "vision": vision}
+    fresh_llm = dataclasses.replace(base.modules["llm"], const_s=6e-4, linear_s=2.5e-6)
+    now = Calibration(
+        device="cpu",
+        modules={"llm": fresh_llm},
+        model={"llm": {"hidden_size": 64, "num_layers": 4}},
+        efficiency={"compute": 0.3},
+        source="now",
+        hardware={"peak_flops": 7e10, "hbm_bandwidth": 9e9},
+        host={"step_s": 0.02},
+        machine={"cpu": "Slow CPU", "probe": {"matmul_s": 0.3, "python_s": 0.02}},
+    )
+    got = now.over(base)
+    assert got.modules == {"llm": fresh_llm, "vision": vision}
+    assert got.hardware == now.hardware and got.efficiency == now.efficiency
+    assert got.machine == now.machine
+    assert got.comm == base.comm  # nothing new measured the transfers
+    assert got.host == {**base.host, "step_s": 0.02}
+    assert got.source.startswith("now; over cal.json")
+    # A stage without layers leaves the base's tables, peaks and probe.
+    host_only = Calibration(device="cpu", host={"send_post_s": 2e-4}).over(base)
+    assert host_only.modules == base.modules and host_only.machine == base.machine
+    assert host_only.hardware == base.hardware and host_only.host["send_post_s"] == 2e-4
+    # Another model's tables are refused, naming the module.
+    other = dataclasses.replace(now, model={"llm": {"hidden_size": 128, "num_layers": 4}})
+    with pytest.raises(ValueError, match="module llm is .*another model"):
+        other.over(base)
+
+
 def test_semu_cli_strict_calibration(tmp_path, monkeypatch, capsys):
     from megatron.mllm.cli import semu as cli
 

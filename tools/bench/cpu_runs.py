@@ -79,6 +79,25 @@ def run_main_job(name: str, flags: list[str], iters: int, nproc: int = 2,
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 
+def refresh_layers(calibration: str, workdir: str, model: str = "cpu-main") -> str:
+    """``calibration`` with its layer tables re-measured on this host now (``tools/calibrate.py
+    --stages layers --base``, about a minute); the path of the refreshed file in ``workdir``.
+
+    Why: the layers' per-call costs drift on this shared host (the LLM layer's forward constant
+    measured 316 us one morning and 619 us that evening), while the runtime's own figures hold.
+    A benchmark whose SEMU ratios weigh compute against host work scores them with tables of
+    the host it runs on."""
+    out = str(Path(workdir) / "calibration-refreshed.json")
+    cmd = [sys.executable, str(REPO / "tools" / "calibrate.py"), "--model", model,
+           "--stages", "layers", "--base", calibration, "--output", out, "--no-progress"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))  # fmt: skip
+    if proc.returncode != 0:
+        causes = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        sys.exit(causes[0] if causes else f"error: refreshing {calibration}: {proc.stderr[-2000:]}")
+    return out
+
+
 def split_trainer_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     """A benchmark's own arguments and the trainer flags after ``--`` (passed to every run)."""
     if "--" not in argv:

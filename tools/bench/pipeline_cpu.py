@@ -56,8 +56,15 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 
-from cpu_runs import median_iteration_ms, predicted_step_ms, run_main_job, split_trainer_flags
+from cpu_runs import (
+    median_iteration_ms,
+    predicted_step_ms,
+    refresh_layers,
+    run_main_job,
+    split_trainer_flags,
+)
 
 from megatron.mllm.cli.progress import progress
 from megatron.mllm.config_files import CONFIG_DIR, find_config, load_run_config, set_flags
@@ -177,6 +184,13 @@ def main() -> None:
         "this host's step times)",
     )
     parser.add_argument(
+        "--refresh-layers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-measure the calibration's layer tables on this host before the rounds "
+        "(tools/calibrate.py --stages layers --base, about a minute; default on)",
+    )
+    parser.add_argument(
         "--memory-limit",
         type=float,
         help="also run under this fraction of greedy's peak activation memory (e.g. 0.6)",
@@ -194,6 +208,11 @@ def main() -> None:
     os.environ.setdefault("ORCHWEAVE_CALIBRATION_PROBE", "0")
     if args.rounds < 3:
         sys.exit("error: --rounds must be >= 3 (one round says nothing on a drifting host)")
+    workdir = tempfile.TemporaryDirectory()
+    if args.calibration and args.refresh_layers:
+        shipped, args.calibration = args.calibration, refresh_layers(args.calibration, workdir.name)
+        print(f"calibration: {shipped} with its layer tables re-measured now "
+              f"(tools/calibrate.py --stages layers --base {shipped})")  # fmt: skip
     common = [*COMMON, "--workload", args.workload, *extra]
     common += ["--timing-log-level", "1", "--step-prediction"]
     if args.calibration:
