@@ -39,10 +39,13 @@ search guard: after its probe, the ILP alone on greedy's order where the search 
 
 Per round it prints each variant's median iteration time and its ratio to ``greedy``; then the
 median ratio and spread per variant over the rounds, and SEMU's predicted ratio for the same
-iterations beside it. The runs' losses must agree.
+iterations beside it. The runs' losses must agree. Before the rounds the calibration's layer
+tables are re-measured on the host of the moment (``tools/calibrate.py --stages layers --base``,
+about a minute; ``--no-refresh-layers``: the file as it is): the layers' per-call costs drift on
+this shared host by up to 2x within a day, and every run scores with the refreshed file.
 
 Usage: python tools/bench/pipeline_cpu.py [--workload W] [--rounds R] [--iters N] [--warmup K]
-       [--calibration FILE|none] [--memory-limit F] [-- extra trainer flags]
+       [--calibration FILE|none] [--no-refresh-layers] [--memory-limit F] [-- trainer flags]
 
 Ends with one line ``searched_over_greedy_measured: X`` (the median over the rounds of the
 crossover pairs' ratios; without the crossover, ``--variants`` without ``crossover``, of greedy's
