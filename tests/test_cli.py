@@ -144,6 +144,8 @@ BAD_INPUT = [
      r"--max-tokens 4 leaves no grid point: the smallest is --lengths 8 x --packs 1 = 8"),
     ("calibrate", ["--lengths", "x", *CALIBRATE], r"argument --lengths"),
     ("calibrate", ["--stages", "nope", *CALIBRATE], r"unknown stages \['nope'\]"),
+    ("calibrate", ["--stages", "layers,trainer", *CALIBRATE],
+     r"the trainer stage needs the layers, optimizer and host stages"),
     ("calibrate", ["--base", "{dir}/missing.json", *CALIBRATE],
      r"--base calibration file not found: .*missing.json"),
     ("explain_step", ["{huge_text}", "--skip", "-1"], r"argument --skip"),

@@ -182,6 +182,12 @@ def calibrate(
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ConfigError(f"unknown stages {sorted(unknown)}; choose from {','.join(STAGES)}")
+    if "trainer" in stages and not {"layers", "optimizer", "host"} <= set(stages):
+        # Its figures are what a real step takes beyond theirs, measured against them.
+        raise ConfigError(
+            "the trainer stage needs the layers, optimizer and host stages in the same run "
+            f"(--stages {','.join(stages)})"
+        )
     path = str(find_config(model))
     loaded = measurement_run(path)
     have = [*loaded.model.encoders, "llm"]
