@@ -29,6 +29,10 @@ Usage::
 
     python tools/bench/semu_accuracy.py --calibration cal.json [--iters 12] [--warmup 3]
         [--repeats 3] [--runs pp1-dp2-omni,pp2-dp1-omni,...] [--memory] [--smoke] [--no-progress]
+        [--against other-cal.json]
+
+``--against`` predicts the same measured iterations with a second calibration (one more column
+and its mean absolute error): two calibrations compared on one set of runs, not two launches.
 
 ``--smoke`` runs one tiny world-size-1 configuration (4 iterations), for tests of the harness.
 On a terminal, bars count the launches and SEMU's iterations on stderr.
@@ -118,10 +122,17 @@ class Outcome:
     predicted_s: list[float] = field(default_factory=list)
     measured_mem: list[float] = field(default_factory=list)
     predicted_mem: list[float] = field(default_factory=list)
+    against_s: list[float] = field(default_factory=list)
+    """The same iterations predicted with ``--against``'s calibration."""
 
     @property
     def time_error(self) -> float:
         m, p = statistics.median(self.measured_s), statistics.median(self.predicted_s)
+        return abs(p - m) / m
+
+    @property
+    def against_error(self) -> float:
+        m, p = statistics.median(self.measured_s), statistics.median(self.against_s)
         return abs(p - m) / m
 
     @property
@@ -251,6 +262,10 @@ def predict(spec: ModelSpec, run: Run, cal: Calibration, iterations: list[int]):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--calibration", required=True, help="tools/calibrate.py output")
+    parser.add_argument(
+        "--against",
+        help="a second calibration: its predictions of the same measured iterations beside",
+    )
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
@@ -266,6 +281,7 @@ def main() -> None:
     add_no_progress_flag(parser)
     args = parser.parse_args()
     cal = Calibration.load(args.calibration)
+    against = Calibration.load(args.against) if args.against else None
     if args.smoke:
         runs, iters, warmup, args.repeats = [SMOKE], 4, 1, 1
     else:
@@ -289,6 +305,10 @@ def main() -> None:
             o.predicted_s, _ = predict(
                 configs[run.name].semu, run, cal, [r["iteration"] - 1 for r in timed]
             )
+            if against is not None:
+                o.against_s, _ = predict(
+                    configs[run.name].semu, run, against, [r["iteration"] - 1 for r in timed]
+                )
         echo(f"  {run.name} ({rep + 1}/{args.repeats}): measured "
              f"{statistics.median(r['iteration_time_s'] for r in timed) * 1e3:.1f} ms, "
              f"predicted {statistics.median(o.predicted_s) * 1e3:.1f} ms")  # fmt: skip
@@ -316,6 +336,10 @@ def main() -> None:
             f"{statistics.median(o.measured_s) * 1e3:11.1f} "
             f"{statistics.median(o.predicted_s) * 1e3:12.1f} {o.time_error:7.1%}"
         )
+        if against is not None:
+            line += (
+                f"   against: {statistics.median(o.against_s) * 1e3:.1f} ms {o.against_error:.1%}"
+            )
         if o.measured_mem:
             pairs = ", ".join(
                 f"{m / 2**20:.2f}/{p / 2**20:.2f} MiB"
@@ -323,6 +347,9 @@ def main() -> None:
             )
             line += f"   {pairs} (max error {o.memory_error:.1%})"
         print(line)
+    if against is not None:
+        print(f"against {args.against} ({against.source[:60]}...): mean absolute error "
+              f"{statistics.mean(o.against_error for o in outcomes):.1%}")  # fmt: skip
     mae = statistics.mean(o.time_error for o in outcomes)
     worst = max(outcomes, key=lambda o: o.time_error)
     print(f"mean absolute error {mae:.1%}; worst {worst.run.name} {worst.time_error:.1%}")
