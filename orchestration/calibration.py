@@ -273,9 +273,9 @@ class Calibration:
     def over(self, base: "Calibration") -> "Calibration":
         """This calibration's figures laid over ``base``'s: the result has every figure of
         either, this one's where both have it (modules by name, ``host`` and ``comm`` entries
-        by key). A re-measure of some stages thus refreshes a full calibration: on a shared
-        host the layers' per-call costs drift by up to 2x within a day while the figures of
-        the other stages hold (``tools/calibrate.py --base``). The device peaks, efficiency
+        by key). A re-measure of some stages thus refreshes a full calibration, e.g. the layer
+        tables of a shared host whose speed drifts, keeping the transfer figures that took
+        several launches to settle (``tools/calibrate.py --base``). The device peaks, efficiency
         and host probe are this one's where it measured layers, since they describe the host
         at the moment the layers were timed.
 

@@ -83,10 +83,10 @@ def refresh_layers(calibration: str, workdir: str, model: str = "cpu-main") -> s
     """``calibration`` with its layer tables re-measured on this host now (``tools/calibrate.py
     --stages layers --base``, about a minute); the path of the refreshed file in ``workdir``.
 
-    Why: the layers' per-call costs drift on this shared host (the LLM layer's forward constant
-    measured 316 us one morning and 619 us that evening), while the runtime's own figures hold.
-    A benchmark whose SEMU ratios weigh compute against host work scores them with tables of
-    the host it runs on."""
+    Why: this shared host's speed drifts by 10-30% within minutes to hours, and the probe that
+    rescales a calibration (``orchestration.host_probe``) applies one factor to every time. A
+    benchmark whose SEMU ratios weigh compute against host work scores them with layer tables of
+    the host as it runs, and keeps the runtime's and transfers' figures of the file."""
     out = str(Path(workdir) / "calibration-refreshed.json")
     cmd = [sys.executable, str(REPO / "tools" / "calibrate.py"), "--model", model,
            "--stages", "layers", "--base", calibration, "--output", out, "--no-progress"]  # fmt: skip

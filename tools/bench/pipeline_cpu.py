@@ -41,8 +41,8 @@ Per round it prints each variant's median iteration time and its ratio to ``gree
 median ratio and spread per variant over the rounds, and SEMU's predicted ratio for the same
 iterations beside it. The runs' losses must agree. Before the rounds the calibration's layer
 tables are re-measured on the host of the moment (``tools/calibrate.py --stages layers --base``,
-about a minute; ``--no-refresh-layers``: the file as it is): the layers' per-call costs drift on
-this shared host by up to 2x within a day, and every run scores with the refreshed file.
+about a minute; ``--no-refresh-layers``: the file as it is): this shared host's speed drifts by
+10-30% within hours, and every run scores with the refreshed file.
 
 Usage: python tools/bench/pipeline_cpu.py [--workload W] [--rounds R] [--iters N] [--warmup K]
        [--calibration FILE|none] [--no-refresh-layers] [--memory-limit F] [-- trainer flags]
