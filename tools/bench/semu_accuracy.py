@@ -125,15 +125,17 @@ class Outcome:
     against_s: list[float] = field(default_factory=list)
     """The same iterations predicted with ``--against``'s calibration."""
 
-    @property
-    def time_error(self) -> float:
-        m, p = statistics.median(self.measured_s), statistics.median(self.predicted_s)
+    def _error(self, predicted_s: list[float]) -> float:
+        m, p = statistics.median(self.measured_s), statistics.median(predicted_s)
         return abs(p - m) / m
 
     @property
+    def time_error(self) -> float:
+        return self._error(self.predicted_s)
+
+    @property
     def against_error(self) -> float:
-        m, p = statistics.median(self.measured_s), statistics.median(self.against_s)
-        return abs(p - m) / m
+        return self._error(self.against_s)
 
     @property
     def memory_error(self) -> float | None:
