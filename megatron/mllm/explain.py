@@ -388,7 +388,8 @@ def compute_calibration_note(s: RunSummary) -> str | None:
     if hi / lo <= 1.25:
         return (f"compute measured/predicted is one factor, {lo:.2f}-{hi:.2f}x over ranks and "
                 f"phases: this host runs at another speed than the cost model assumes "
-                f"(recalibrate: orchweave-calibrate)")  # fmt: skip
+                f"(refresh the layer tables in a minute: orchweave-calibrate --stages layers "
+                f"--base CALIBRATION --output NEW)")  # fmt: skip
     (p_lo, r_lo), (p_hi, r_hi) = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     return (f"compute measured/predicted differs by phase, {lo:.2f}x ({p_lo}, rank {r_lo}) to "
             f"{hi:.2f}x ({p_hi}, rank {r_hi}): the cost model's relative costs of the phases "
