@@ -260,3 +260,17 @@ def test_plot_loss_draws_every_run_and_keeps_a_resumes_last_record(tmp_path, cap
     assert "2 run(s); loss 5.0000 at iteration 1, 1.2500 at 7" in capsys.readouterr().out
     with Image.open(out) as png:
         assert png.format == "PNG" and png.size[0] > 300
+
+
+def test_free_ports_lie_below_the_kernels_ephemeral_range_and_bind():
+    """A rendezvous port the kernel could hand another process's outgoing connection was
+    taken before the run bound it (EADDRINUSE with several runs started at once)."""
+    import socket
+
+    from megatron.mllm.cli.launch import _ephemeral_start, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < _ephemeral_start() for p in ports)
+    assert len(ports) > 1  # drawn, not one fixed port for every caller
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))

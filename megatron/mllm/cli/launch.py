@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import sys
 from pathlib import Path
@@ -15,9 +16,35 @@ MAIN_JOB = REPO / "scripts" / "pretrain_mllm_cpu.sh"
 """The README's main job."""
 
 
+_PICK = random.SystemRandom()  # not the module's generator, which callers may seed alike
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux's default 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on localhost that was free a moment ago (a rendezvous port for torchrun)."""
-    with socket.socket() as s:
+    """A TCP port on localhost that was free a moment ago (a rendezvous port for torchrun).
+
+    Drawn at random below the kernel's ephemeral range: a port the kernel chose for a bind to 0
+    lies inside it, where any process's next outgoing connection (gloo's between ranks of
+    another run started at the same moment) may take it before the rendezvous binds it (seen
+    as EADDRINUSE in tests that start several runs at once)."""
+    top = _ephemeral_start()
+    for _ in range(64):
+        port = _PICK.randrange(max(1024, top - 20000), top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every draw taken: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
