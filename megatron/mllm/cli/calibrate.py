@@ -136,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(f"--base {e}")
     try:
         cal = calibrate(model, **options, log=echo)
-        if base is not None:
-            cal = cal.over(base)
     except (ConfigError, WorkloadError) as e:
         return report_error(str(e))
-    except ValueError as e:  # the base describes another model
-        return report_error(f"--base {e}")
+    if base is not None:
+        try:
+            cal = cal.over(base)
+        except ValueError as e:  # the base describes another model
+            return report_error(f"--base {e}")
     try:
         cal.save(output)
     except OSError as e:
