@@ -211,8 +211,8 @@ def main() -> None:
     os.environ.setdefault("ORCHWEAVE_CALIBRATION_PROBE", "0")
     if args.rounds < 3:
         sys.exit("error: --rounds must be >= 3 (one round says nothing on a drifting host)")
-    workdir = tempfile.TemporaryDirectory()
     if args.calibration and args.refresh_layers:
+        workdir = tempfile.TemporaryDirectory()  # lives until the benchmark exits
         shipped, args.calibration = args.calibration, refresh_layers(args.calibration, workdir.name)
         print(f"calibration: {shipped} with its layer tables re-measured now "
               f"(tools/calibrate.py --stages layers --base {shipped})")  # fmt: skip
