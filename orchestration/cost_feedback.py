@@ -171,7 +171,7 @@ class CostFeedback:
             column = table[:, len(self.phases) + k]
             if hop in m.hop_bytes and (column >= 0).all():
                 nbytes.append(m.hop_bytes[hop])
-                seconds.append(float(column.min()))
+                seconds.append(float(column.mean()))
         if nbytes:
             self.exchanges.observe(m.iteration, nbytes, seconds, refit)
             self.exchanged_at = m.iteration
