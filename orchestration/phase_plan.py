@@ -396,18 +396,25 @@ def check_exchanges(
     if missing:
         raise PlanError(f"the exchange check needs the payload bytes {', '.join(missing)}")
     options = [[_kept(p, num_ranks), p] for p in plans]  # per phase: 0 kept, 1 balanced
+    # Every combination's hops are sums of the same few routes' bytes: each phase's dispatch
+    # (kept or balanced) and each encoder's outputs to the LLM worker (per encoder and LLM
+    # choice), so each route is costed once, not once per combination priced.
+    first_bytes = [[route_bytes(o.dispatch, inputs[o.phase]) for o in pair] for pair in options]
+    second_bytes = [
+        [
+            [route_bytes(_route_to_llm(o, llm, num_ranks), outputs[o.phase]) for llm in options[-1]]
+            for o in pair
+        ]
+        for pair in options[:-1]
+    ]
 
     def hop_seconds(nbytes: list[float]) -> float:
         moved = sum(nbytes)
         return exchange.seconds(moved) if moved > 0 else 0.0
 
     def exchange_seconds(choice: tuple[int, ...]) -> float:
-        chosen = [options[i][c] for i, c in enumerate(choice)]
-        llm = chosen[-1]
-        first = [route_bytes(o.dispatch, inputs[o.phase]) for o in chosen]
-        second = [
-            route_bytes(_route_to_llm(o, llm, num_ranks), outputs[o.phase]) for o in chosen[:-1]
-        ]
+        first = [first_bytes[i][c] for i, c in enumerate(choice)]
+        second = [second_bytes[i][c][choice[-1]] for i, c in enumerate(choice[:-1])]
         return hop_seconds(first) + 2.0 * hop_seconds(second)
 
     def total(choice: tuple[int, ...]) -> float:
