@@ -155,8 +155,9 @@ class ExchangeFit:
         Args:
             iteration: the training iteration (non-decreasing).
             nbytes: per exchange that ran, :func:`route_bytes` of its route (scalar or list).
-            seconds: per exchange, its transfer time: from the last rank's arrival to the end,
-                the max over ranks (waiting for a late rank is not the exchange's cost).
+            seconds: per exchange, what it cost the step: the seconds the mean rank spent
+                blocked in it, the transfer and the wait for the last rank to arrive
+                (``orchestration.cost_feedback``).
 
         Raises:
             ValueError: shapes differ, or a value is negative or not finite.

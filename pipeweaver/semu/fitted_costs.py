@@ -66,8 +66,9 @@ def measured_times(
 ) -> tuple[Measured, list[np.ndarray]]:
     """What the trainer's fits observe of one iteration (``CostFeedback.observe``'s arguments):
     the plan's features and exchange bytes, and every rank's control words with SEMU's phase
-    seconds and exchange seconds. Every rank is given an exchange's transfer time: the rank
-    that arrives last waits for no one, and the fit takes the shortest rank's duration."""
+    seconds and exchange seconds. Every rank is given an exchange's transfer time (SEMU's ranks
+    arrive at an exchange as its schedule says, without the host's drift that the trainer's fit,
+    taking the mean rank's blocked time, also prices)."""
     ran = {
         hop: (seconds, nbytes)
         for hop, seconds, nbytes in zip(HOPS, batches.exchange_s, batches.exchange_bytes)

@@ -16,6 +16,7 @@ import pickle
 import numpy as np
 import pytest
 
+from orchestration.cost_feedback import HOPS, CostFeedback, Measured
 from orchestration.cost_fit import (
     COEFFICIENTS,
     FEATURES,
@@ -311,6 +312,29 @@ def test_exchange_fit_recovers_latency_and_bandwidth():
     assert cost.bandwidth == pytest.approx(1.25e9, rel=0.02)
     assert cost.payload is PAYLOAD
     assert fit.describe().startswith("exchange fit: all-to-all 2")
+
+
+def test_an_exchange_costs_the_mean_ranks_blocked_time_not_the_shortest():
+    # Every rank's time in one hop: the transfer plus the wait for the slowest peer. On a host
+    # whose ranks drift apart every synchronisation point collects that wait, so the exchange
+    # check prices a hop at what the mean rank spends blocked in it, not at the shortest rank's
+    # time (the transfer alone), which priced hops at a quarter of what moving cost the CPU step.
+    fb = CostFeedback(FLOPS, ExchangeCost(1e-3, 1e-9, PAYLOAD), FitConfig(window=16, warmup=4))
+    phases = len(fb.phases)
+    hop = HOPS[0]
+    for it in range(1, 17):
+        nbytes = 1e5 * (1 + it % 3)
+        transfer = 2e-4 + nbytes / 1e9
+        waits = np.array([0.0, 1e-3, 2e-3, 3e-3])  # the mean rank waits 1.5 ms
+        gathered = [
+            np.array([it, *([0] * phases), round((transfer + w) * 1e9), -1, -1], np.int64)
+            for w in waits
+        ]
+        fb.observe(Measured(it, {}, {}, {}, {hop: nbytes}), gathered)
+    cost = fb.exchanges.cost()
+    assert cost.latency_s == pytest.approx(2e-4 + 1.5e-3, rel=0.02)
+    assert cost.bandwidth == pytest.approx(1e9, rel=0.05)
+    assert fb.exchanged_at == 16
 
 
 # --------------------------------------------------------------------------------------------
