@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 import pytest
 
-from orchestration.cost_feedback import HOPS, CostFeedback, Measured
+from orchestration.cost_feedback import HOPS, REMEASURE_EVERY, CostFeedback, Measured
 from orchestration.cost_fit import (
     COEFFICIENTS,
     FEATURES,
@@ -335,6 +335,19 @@ def test_an_exchange_costs_the_mean_ranks_blocked_time_not_the_shortest():
     assert cost.latency_s == pytest.approx(2e-4 + 1.5e-3, rel=0.02)
     assert cost.bandwidth == pytest.approx(1e9, rel=0.05)
     assert fb.exchanged_at == 16
+
+
+def test_one_plan_in_every_remeasure_period_skips_the_exchange_check():
+    fb = CostFeedback(FLOPS, ExchangeCost(1e-3, 1e-9, PAYLOAD), FitConfig(window=8, warmup=1))
+    for phase in fb.phases:  # fitted: the check applies
+        fb.costs.observe(1, phase, np.ones((R, 5)), np.full(R, 1e-2))
+    assert fb.costs.ready
+    fb.exchanged_at = 100
+    skipped = [i for i in range(101, 100 + 3 * REMEASURE_EVERY + 2) if fb.models(i)[1] is None]
+    # One plan per period: the one after it was made before the first one's exchanges arrive.
+    assert skipped == [100 + k * REMEASURE_EVERY for k in (1, 2, 3)]
+    fb.exchanged_at = -1  # nothing measured yet: the periods count from iteration 0
+    assert fb.models(REMEASURE_EVERY)[1] is None and fb.models(REMEASURE_EVERY - 1)[1] is not None
 
 
 # --------------------------------------------------------------------------------------------
