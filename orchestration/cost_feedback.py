@@ -30,13 +30,14 @@ Pure numpy: the fits travel, with the metadata, to the planning worker
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from orchestration.balance import DEFAULT_BUDGET
-from orchestration.cost_fit import OnlineCostFit
+from orchestration.cost_fit import OnlineCostFit, phase_features
 from orchestration.cost_model import CostModel
 from orchestration.exchange_cost import ExchangeCost, ExchangeFit, PayloadBytes
 from orchestration.robust_fit import FitConfig
@@ -96,8 +97,26 @@ class Measured:
     """Per exchange that ran, its busiest rank's bytes (the same on every rank)."""
 
 
+@dataclass
+class _Fits:
+    """What the fits learnt: the part of :class:`CostFeedback` that observing changes."""
+
+    costs: OnlineCostFit
+    exchanges: ExchangeFit
+    exchanged_at: int = -1
+
+
 class CostFeedback:
-    """The online fits of one per-phase step (see the module docstring)."""
+    """The online fits of one per-phase step (see the module docstring).
+
+    The fits travel to the planning worker with every job and come back with its plan, but the
+    step itself only reads them now and then (a log line, a checkpoint, a plan made in the
+    step). So they travel sealed: pickled once, by the side that changed them, into one bytes
+    object that is carried as it is until someone opens it. On the 2-core CPU main job the
+    step's own pickling and unpickling of the open fits, both ways, took about 1 ms of its
+    critical path per iteration (2026-12-08); a sealed copy costs a copy of 20 kB. Opening
+    gives the same values: a pickle round trip of floats and arrays is exact.
+    """
 
     def __init__(self, start: CostModel, exchange: ExchangeCost, config: FitConfig):
         """Args:
@@ -106,12 +125,15 @@ class CostFeedback:
             route (the exchange check's).
         config: window, warm-up and robustness of both fits.
         """
-        self.costs = OnlineCostFit(start, config)
-        self.exchanges = ExchangeFit(exchange, config)
+        costs = OnlineCostFit(start, config)
+        self.start = start
+        """The starting cost model (whose phases' shapes the measured features follow)."""
+        self._phases = costs.phases
+        self._fits: _Fits | None = _Fits(costs, ExchangeFit(exchange, config))
+        self._sealed: bytes | None = None
+        """The fits pickled, while they are unchanged since (None: not pickled yet)."""
         self.pending: Measured | None = None
         """This rank's latest measurement, not yet gathered."""
-        self.exchanged_at = -1
-        """The latest iteration whose exchanges were observed (-1: none yet)."""
 
     @classmethod
     def starting(
@@ -126,20 +148,57 @@ class CostFeedback:
         config = FitConfig(window=window, warmup=warmup, iterations=REWEIGHTING_ITERATIONS)
         return cls(start, exchange, config)
 
+    def _read(self) -> _Fits:
+        """The fits, opened if sealed (they stay sealed too: reading changes nothing)."""
+        if self._fits is None:
+            self._fits = pickle.loads(self._sealed)
+        return self._fits
+
+    def _write(self) -> _Fits:
+        """The fits, about to change: the sealed copy is dropped."""
+        fits = self._read()
+        self._sealed = None
+        return fits
+
+    @property
+    def costs(self) -> OnlineCostFit:
+        """The phases' cost fit (whoever takes it may change it)."""
+        return self._write().costs
+
+    @property
+    def exchanges(self) -> ExchangeFit:
+        """The exchanges' fit (whoever takes it may change it)."""
+        return self._write().exchanges
+
+    @property
+    def exchanged_at(self) -> int:
+        """The latest iteration whose exchanges were observed (-1: none yet)."""
+        return self._read().exchanged_at
+
+    @exchanged_at.setter
+    def exchanged_at(self, iteration: int) -> None:
+        self._write().exchanged_at = iteration
+
     @property
     def phases(self) -> tuple[str, ...]:
-        return self.costs.phases
+        return self._phases
+
+    def features(self, plan) -> np.ndarray:
+        """A phase plan's (R, 5) measured features (``OnlineCostFit.features``), without
+        opening the fits: they follow the starting model's phase shapes only."""
+        return phase_features(plan, self.start[plan.phase])
 
     def models(self, iteration: int) -> tuple[CostModel, ExchangeCost | None]:
         """What the plan of ``iteration`` uses: the cost model, and the exchange model once the
         cost model is fitted (the check compares seconds with seconds), except every
         :data:`REMEASURE_EVERY` iterations without a measured exchange."""
-        if not self.costs.ready:
-            return self.costs.cost_model(), None
-        since = iteration - max(self.exchanged_at, 0)
+        fits = self._read()
+        if not fits.costs.ready:
+            return fits.costs.cost_model(), None
+        since = iteration - max(fits.exchanged_at, 0)
         if since >= REMEASURE_EVERY and since % REMEASURE_EVERY == 0:
-            return self.costs.cost_model(), None
-        return self.costs.cost_model(), self.exchanges.cost()
+            return fits.costs.cost_model(), None
+        return fits.costs.cost_model(), fits.exchanges.cost()
 
     def words(self) -> np.ndarray:
         """This rank's pending measurement as control words (:meth:`words_of`)."""
@@ -171,11 +230,12 @@ class CostFeedback:
                 f"measured times of iterations {[int(g[0]) for g in gathered]} gathered, this "
                 f"rank measured iteration {m.iteration}"
             )
+        fits = self._write()
         table = np.stack([g[1:] for g in gathered]).astype(np.float64) / _NS
         refit = m.iteration % REFIT_EVERY == 0
         for j, phase in enumerate(self.phases):
             if phase in m.features:
-                self.costs.observe(m.iteration, phase, m.features[phase], table[:, j], refit)
+                fits.costs.observe(m.iteration, phase, m.features[phase], table[:, j], refit)
         nbytes, seconds = [], []
         for k, hop in enumerate(HOPS):
             column = table[:, len(self.phases) + k]
@@ -183,18 +243,29 @@ class CostFeedback:
                 nbytes.append(m.hop_bytes[hop])
                 seconds.append(float(column.mean()))
         if nbytes:
-            self.exchanges.observe(m.iteration, nbytes, seconds, refit)
-            self.exchanged_at = m.iteration
+            fits.exchanges.observe(m.iteration, nbytes, seconds, refit)
+            fits.exchanged_at = m.iteration
 
     def adopt(self, other: "CostFeedback") -> None:
         """Take ``other``'s fits: a copy of these that observed more, in the planning worker
-        (this rank's pending measurement stays; adopting itself changes nothing)."""
-        self.costs, self.exchanges = other.costs, other.exchanges
-        self.exchanged_at = other.exchanged_at
+        (this rank's pending measurement stays; adopting itself changes nothing). Sealed fits
+        stay sealed."""
+        self._fits, self._sealed = other._fits, other._sealed
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._sealed is None:
+            self._sealed = pickle.dumps(self._fits, protocol=pickle.HIGHEST_PROTOCOL)
+        state = dict(self.__dict__)
+        state["_fits"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def describe(self) -> str:
         """The fitted coefficients, for the log line."""
-        return f"{self.costs.describe()} | {self.exchanges.describe()}"
+        fits = self._read()
+        return f"{fits.costs.describe()} | {fits.exchanges.describe()}"
 
     def state_dict(self) -> dict[str, Any]:
         """The fits and this rank's pending measurement (plain values, picklable)."""
@@ -208,11 +279,12 @@ class CostFeedback:
                 "features": {p: f.tolist() for p, f in m.features.items()},
                 "hop_bytes": dict(m.hop_bytes),
             }
+        fits = self._read()
         return {
-            "costs": self.costs.state_dict(),
-            "exchanges": self.exchanges.state_dict(),
+            "costs": fits.costs.state_dict(),
+            "exchanges": fits.exchanges.state_dict(),
             "pending": pending,
-            "exchanged_at": self.exchanged_at,
+            "exchanged_at": fits.exchanged_at,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -221,9 +293,10 @@ class CostFeedback:
         Raises:
             ValueError: the state is malformed or of another model.
         """
-        self.costs.load_state_dict(state["costs"])
-        self.exchanges.load_state_dict(state["exchanges"])
-        self.exchanged_at = int(state.get("exchanged_at", -1))
+        fits = self._write()
+        fits.costs.load_state_dict(state["costs"])
+        fits.exchanges.load_state_dict(state["exchanges"])
+        fits.exchanged_at = int(state.get("exchanged_at", -1))
         p = state.get("pending")
         self.pending = None
         if p is not None:

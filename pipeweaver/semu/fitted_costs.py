@@ -79,6 +79,6 @@ def measured_times(
         feedback.words_of(Measured(iteration, seconds, hop_s))
         for seconds in phase_seconds(semu, batches, memory)
     ]
-    features = {p.phase: feedback.costs.features(p) for p in batches.plan.phases}
+    features = {p.phase: feedback.features(p) for p in batches.plan.phases}
     hop_bytes = {h: b for h, (_, b) in ran.items()}
     return Measured(iteration, {}, {}, features, hop_bytes), words

@@ -277,6 +277,34 @@ def test_pickled_fits_continue_exactly_as_the_planning_worker_gets_them():
         assert a.describe() == b.describe() and xa.cost() == xb.cost()
 
 
+def test_sealed_feedback_travels_as_it_came_and_each_change_travels_too():
+    # The step's CostFeedback goes to the planning worker and back every iteration without
+    # being opened on the step's side: a copy that nobody changed pickles to what it arrived
+    # as, and one that observed more carries its new observation on its next trip.
+    rng = np.random.default_rng(11)
+    here = CostFeedback(FLOPS, ExchangeCost(1e-3, 1e-9, PAYLOAD), FitConfig(window=8, warmup=2))
+    travelling = pickle.loads(pickle.dumps(here))
+    phases = len(here.phases)
+    for it in range(1, 10):
+        items = _synthetic_items(rng, R)
+        features = {p: rank_features(items, items.owner, R) for p in here.phases}
+        gathered = [
+            np.array([it, *rng.integers(10**6, 10**7, phases), round(3e5 + 1e4 * r), -1, -1])
+            for r in range(R)
+        ]
+        for fb in (here, travelling):  # the worker's side: observe, then send back
+            fb.observe(Measured(it, {}, {}, features, {HOPS[0]: 1e5 * it}), gathered)
+        back = pickle.loads(pickle.dumps(travelling))
+        # The step's side: adopt, carry, send again (never opened): the same bytes travel.
+        step = CostFeedback(FLOPS, ExchangeCost(1e-3, 1e-9, PAYLOAD), FitConfig(window=8))
+        step.adopt(back)
+        assert pickle.dumps(step) == pickle.dumps(back)
+        travelling = pickle.loads(pickle.dumps(step))
+        assert travelling.state_dict() == here.state_dict()
+        assert travelling.describe() == here.describe() and travelling.exchanged_at == it
+        assert travelling.models(it)[0] == here.models(it)[0]
+
+
 def test_bad_observations_and_settings_name_what_is_wrong():
     fit = OnlineCostFit(FLOPS, FitConfig(warmup=2))
     f = np.ones((R, len(FEATURES)))

@@ -270,7 +270,7 @@ class PhaseBalancedStep(BalancedStep):
                 batch.iteration,
                 dict(self.phase_s),
                 {label: seconds for label, _, seconds in disp.exchanges},
-                {p.phase: self.feedback.costs.features(p) for p in plan.phases},
+                {p.phase: self.feedback.features(p) for p in plan.phases},
                 {label: nbytes for label, nbytes, _ in disp.exchanges},
             )
         if not forward_only and config.finalize_model_grads_func is not None:
