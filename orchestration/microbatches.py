@@ -130,6 +130,15 @@ def form_microbatches(
     return MicrobatchPlan(mbs, loads, toks, int(num_microbatches))
 
 
+def fewest_llm_microbatches(num_microbatches: int, pack_sequences: bool) -> int:
+    """The fewest microbatches a per-phase balanced rank cuts its LLM samples into, and so the
+    fewest samples the LLM phase leaves it: Megatron's count, so that every rank runs as many
+    (each microbatch costs a per-call overhead that the plan does not see); with packed
+    sequences (``--pack-sequences``) one, the packing limit adding as many as it needs, as
+    first-fit decreasing packs Megatron's step."""
+    return 1 if pack_sequences else int(num_microbatches)
+
+
 def _fill_empty(bins: np.ndarray, costs: np.ndarray, m: int) -> np.ndarray:
     """Give every empty microbatch the cheapest sample of the fullest one (m <= n)."""
     counts = np.bincount(bins, minlength=m)

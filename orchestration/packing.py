@@ -28,6 +28,30 @@ def microbatch_indices(
     return out
 
 
+def first_fit_decreasing(sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """Indices of ``sizes`` in sequences of at most ``limit``, first-fit decreasing: Megatron-LM's
+    packed sequences (``--pack-sequences``), as a strong offline packer forms them.
+
+    Longest first (ties in the given order), each into the first sequence it fits, a new one
+    when none; sequences in the order they were opened, each holding its indices in the order
+    they were placed. Deterministic. A size over ``limit`` gets a sequence of its own (callers
+    name it as an error first).
+    """
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if sizes[i] <= free:
+                bins[b].append(i)
+                room[b] -= sizes[i]
+                break
+        else:
+            bins.append([i])
+            room.append(limit - sizes[i])
+    return bins
+
+
 def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:
     """Lengths of the padding sequences that fill a packed microbatch up to ``pad_to`` tokens.
 

@@ -31,6 +31,7 @@ from megatron.mllm.config import MLLMConfig
 from megatron.mllm.config_files import semu_model_spec
 from megatron.mllm.partitioning import sub_microbatch_units
 from orchestration.calibration import Calibration
+from orchestration.packing import first_fit_decreasing
 from orchestration.workload import SampleMeta
 from pipeweaver.generators import generate
 from pipeweaver.placement import Placement
@@ -90,14 +91,20 @@ class StepInputs:
     when every rank ran its own samples: under megatron-core's engine, every replica is
     simulated from it (:func:`replica_microbatches`); None: this rank's replica alone."""
 
+    pack_limit: int | None = None
+    """``--pack-sequences``: every rank's samples were packed first-fit decreasing into
+    microbatches of at most this many LLM tokens (None: the loader's microbatches)."""
 
-def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]]) -> list | None:
+
+def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]],
+                         pack_limit: int | None = None) -> list | None:  # fmt: skip
     """Every DP rank's microbatches from a batch's gathered metadata
     (:class:`~orchestration.metadata.GatheredMetadata`), cut as this rank's ``own`` are
     (Megatron's order: each rank's samples in loading order, as many per microbatch on every
-    rank). None when there is one rank, when the metadata cannot rebuild samples (no ids), or
-    when a rank holds another number of samples than this one (fitting dropped some), whose
-    cut is then unknown."""
+    rank), or with ``pack_limit`` packed as the step packed them (``--pack-sequences``). None
+    when there is one rank, when the metadata cannot rebuild samples (no ids), or when a rank
+    holds another number of samples than this one (fitting dropped some), whose cut is then
+    unknown."""
     sizes = [len(mb) for mb in own]
     if metadata is None or metadata.num_ranks < 2 or metadata.sample_ids is None:
         return None
@@ -106,8 +113,13 @@ def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]]) -> list 
         indices = metadata.rank_samples(rank)
         if len(indices) != sum(sizes):
             return None
-        metas = iter([metadata.sample_meta(s) for s in indices])
-        replicas.append([[next(metas) for _ in range(n)] for n in sizes])
+        metas = [metadata.sample_meta(s) for s in indices]
+        if pack_limit is not None:
+            bins = first_fit_decreasing([m.llm_tokens for m in metas], pack_limit)
+            replicas.append([[metas[i] for i in b] for b in bins])
+            continue
+        it = iter(metas)
+        replicas.append([[next(it) for _ in range(n)] for n in sizes])
     return replicas
 
 
@@ -185,7 +197,8 @@ class StepPredictor:
                              inputs.loads_before)  # fmt: skip
         replicas = None
         if inputs.schedule is None:
-            replicas = replica_microbatches(inputs.metadata, inputs.microbatches)
+            replicas = replica_microbatches(inputs.metadata, inputs.microbatches,
+                                            inputs.pack_limit)  # fmt: skip
         step = self.predict(inputs.microbatches, inputs.schedule, inputs.pad_to, replicas)
         ranks = self.replica_ranks(step.critical_replica) if replicas else self.pp_ranks
         return from_semu(inputs.iteration, step, ranks)

@@ -55,6 +55,12 @@ class WorkloadConfig:
     (drop). An item that alone does not fit is always an error. The log line counts the
     samples truncated or dropped over all data-parallel ranks."""
 
+    pack_sequences: bool = False
+    """PP = 1: Megatron-LM's packed sequences (the strong baseline): each DP rank's samples of
+    an iteration packed first-fit decreasing into microbatches of at most --micro-batch-size x
+    --seq-length LLM tokens, not --micro-batch-size samples each; with --post-balance the LLM
+    phase forms the fewest microbatches within that limit too."""
+
     prompt_format: Literal["caption", "chat"] = "caption"
     """Real data (--data-path): the text template. caption: <s> TEXT </s>, a caption's item
     half-way through its text; chat: user and assistant turns in the tokenizer's <|user|>,
@@ -453,8 +459,7 @@ class RunConfig:
     """``megatron.training.config.TrainingConfig``: batch sizes, iterations, exit interval."""
 
     scheduler: Any
-    """``megatron.training.config.SchedulerConfig``: the learning-rate and weight-decay
-    schedules."""
+    """``megatron.training.config.SchedulerConfig``: learning-rate and weight-decay schedules."""
 
     checkpoint: Any
     """``megatron.training.config.CheckpointConfig``: --save, --load and their intervals."""
@@ -502,26 +507,21 @@ class RunConfig:
     """Real data (``--data-path``), or None for the synthetic workload."""
 
     profiling: Any = None
-    """``megatron.training.config.ProfilingConfig``: --profile, --use-pytorch-profiler,
-    --profile-step-start/-end, --profile-ranks, --record-memory-history."""
+    """``megatron.training.config.ProfilingConfig``: --profile, --profile-step-start/-end, ..."""
 
     args: Any = field(repr=False, default=None)
-    """The parsed namespace itself, for megatron-core helpers that take Megatron's ``args``
-    (``core_transformer_config_from_args``)."""
+    """The parsed namespace, for megatron-core helpers that take Megatron's ``args``."""
 
     @property
-    def micro_batch_size(self) -> int:
-        """Samples per microbatch per DP rank (Megatron's order)."""
+    def micro_batch_size(self) -> int:  # samples per microbatch per DP rank (Megatron's order)
         return self.training.micro_batch_size
 
     @property
-    def global_batch_size(self) -> int:
-        """Samples per iteration over all DP ranks."""
+    def global_batch_size(self) -> int:  # samples per iteration over all DP ranks
         return self.training.global_batch_size
 
     @property
-    def num_microbatches(self) -> int:
-        """Microbatches per DP rank per iteration, as Megatron loads them."""
+    def num_microbatches(self) -> int:  # per DP rank per iteration, as Megatron loads them
         return self.global_batch_size // (self.micro_batch_size * self.parallel.data)
 
     @property

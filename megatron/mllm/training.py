@@ -398,7 +398,7 @@ class Trainer:
                 loads_before=stats.predicted_loads_before, unit=stats.unit,
             )  # fmt: skip
         return StepInputs(self.iteration, step.last_samples, step.last_schedule, step.padded_length,
-                          metadata=step.last_metadata)  # fmt: skip
+                          metadata=step.last_metadata, pack_limit=step.pack_limit)  # fmt: skip
 
     def schedule_actions(self) -> list[str] | None:
         """This rank's actions of the runtime's latest schedule, in order (None without the
@@ -506,11 +506,14 @@ class Trainer:
                 f"data {paths} ({len(self.loader.stream)} samples, Energon, "
                 f"{run.data.num_workers} decode workers)"
             )
+        loaded = f"{run.num_microbatches} microbatches of {run.micro_batch_size} samples per rank"
+        if run.workload.pack_sequences:
+            loaded = (f"{run.num_microbatches * run.micro_batch_size} samples per rank packed into "
+                      f"sequences of up to {run.packing_limit} tokens")  # fmt: skip
         print(
             f"> OrchWeave: TP={p.tensor} PP={p.pipeline} DP={self.dp_size} | "
-            f"{self.step.describe()} | {self.model.describe()} | {run.num_microbatches} "
-            f"microbatches of {run.micro_batch_size} samples per rank | {data} | parameters on rank "
-            f"0: {params}",
+            f"{self.step.describe()} | {self.model.describe()} | {loaded} | {data} | parameters "
+            f"on rank 0: {params}",
             flush=True,
         )
         if self.grad_reduce is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from orchestration.packing import microbatch_indices
+from orchestration.packing import first_fit_decreasing, microbatch_indices
 from orchestration.workload import SampleMeta
 from pipeweaver.semu.batches import MicrobatchMeta
 
@@ -32,25 +32,14 @@ def pack_first_fit_decreasing(samples: Sequence[SampleMeta], limit: int) -> list
     Raises:
         ValueError: a sample alone is longer than ``limit`` (named).
     """
-    order = sorted(range(len(samples)), key=lambda i: (-samples[i].llm_tokens, i))
-    bins: list[list[SampleMeta]] = []
-    room: list[int] = []
-    for i in order:
-        s = samples[i]
-        if s.llm_tokens > limit:
-            raise ValueError(
-                f"sample {s.sample_id!r} has {s.llm_tokens} LLM tokens, more than a packed "
-                f"sequence of {limit}"
-            )
-        for b, free in enumerate(room):
-            if s.llm_tokens <= free:
-                bins[b].append(s)
-                room[b] -= s.llm_tokens
-                break
-        else:
-            bins.append([s])
-            room.append(limit - s.llm_tokens)
-    return bins
+    longest = max(samples, key=lambda s: s.llm_tokens, default=None)
+    if longest is not None and longest.llm_tokens > limit:
+        raise ValueError(
+            f"sample {longest.sample_id!r} has {longest.llm_tokens} LLM tokens, more than a "
+            f"packed sequence of {limit}"
+        )
+    bins = first_fit_decreasing([s.llm_tokens for s in samples], limit)
+    return [[samples[i] for i in b] for b in bins]
 
 
 def packed_batches(

@@ -40,7 +40,7 @@ from orchestration.cost_model import CostModel
 from orchestration.exchange_cost import ExchangeCost, PayloadBytes, busiest_rank_bytes
 from orchestration.hops import hop_matrices
 from orchestration.metadata import GatheredMetadata, sample_encoder_tokens
-from orchestration.microbatches import form_microbatches, overlap_order
+from orchestration.microbatches import fewest_llm_microbatches, form_microbatches, overlap_order
 from orchestration.packing import microbatch_indices
 from orchestration.phase_plan import IterationPlan, plan_iteration
 from orchestration.sample_plan import SamplePlan, plan_whole_samples
@@ -86,6 +86,10 @@ class PostBalanceSetup:
     overlap: bool = True
     """PP = 1: the encoder outputs' exchanges run beside the LLM microbatches
     (``--no-overlap-exchanges``: False)."""
+
+    pack_sequences: bool = False
+    """``--pack-sequences``: the LLM phase cuts each rank's samples into the fewest microbatches
+    within the packing limit (else at least the baseline's count)."""
 
     exchange: ExchangeCost | None = None
     """The gain-versus-exchange check of the per-phase plan: a phase keeps the ordinary
@@ -253,7 +257,7 @@ def phase_balanced_batches(
         gpus_per_node=setup.gpus_per_node,
         exchange=setup.exchange if cost_model.unit == "seconds" else None,
         budget=budget,
-        min_llm_samples=num_microbatches,
+        min_llm_samples=fewest_llm_microbatches(num_microbatches, setup.pack_sequences),
     )
     meta_of = metadata.sample_meta if samples is None else samples.__getitem__
     llm = plan.phase("llm")
@@ -262,9 +266,8 @@ def phase_balanced_batches(
     for d in range(R):
         mine = llm.dispatch.dst_items(d)
         members = [int(llm.items.sample[i]) for i in mine.tolist()]
-        groups = _form(
-            metadata, llm.costs[mine], llm.items.tokens[mine], members, num_microbatches, setup
-        )
+        fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
+        groups = _form(metadata, llm.costs[mine], llm.items.tokens[mine], members, fewest, setup)
         # The trainer's order: microbatches needing no other rank's encoder outputs around
         # those that do, so that the exchanges run beside them.
         home = plan.home_samples(d)

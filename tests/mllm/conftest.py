@@ -78,6 +78,10 @@ def world2(tmp_path_factory, references, workload_dir):
         "tp2": ["--tensor-model-parallel-size", "2"],
         "dp2-balanced": BALANCED,
         "dp2-balanced-no-overlap": [*BALANCED, "--no-overlap-exchanges"],
+        # Megatron-LM's packed sequences: each rank's samples first-fit decreasing into the
+        # packing limit, and the balanced LLM phase in the fewest microbatches within it.
+        "dp2-packed": ["--pack-sequences"],
+        "dp2-balanced-packed": [*BALANCED, "--pack-sequences"],
         "pp2-1f1b": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b"],
         # Receives posted each ahead of its send (NCCL's default; gloo's posts them all first).
         "pp2-interleaved": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",

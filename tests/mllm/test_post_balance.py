@@ -20,6 +20,8 @@ pytestmark = pytest.mark.multiproc
     [
         "dp2-balanced",
         "dp2-balanced-no-overlap",
+        "dp2-packed",
+        "dp2-balanced-packed",
         "dp4-kk-node-wise",
         "dp2-pp2-whole-samples",
         "dp2-pp2-whole-samples-dynamic",

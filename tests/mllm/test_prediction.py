@@ -50,6 +50,26 @@ def test_replicas_are_rebuilt_from_the_gathered_metadata_as_loaded():
     assert replica_microbatches(short, own) is None
 
 
+def test_packed_replicas_are_each_ranks_samples_first_fit_decreasing():
+    # --pack-sequences: every rank packed its own samples, so each replica is cut by its own
+    # sizes, not as the predicting rank's microbatches are; SEMU's packed baseline forms the same.
+    from pipeweaver.semu.packed_baseline import pack_first_fit_decreasing
+
+    _, rank_microbatches = _dp2_run()
+    ranks = [rank_microbatches(5, r) for r in range(2)]
+    metadata = GatheredMetadata.from_rank_samples([[p for mb in mbs for p in mb] for mbs in ranks])
+    limit = 160
+    samples = [
+        [dataclasses.replace(m, component=None) for mb in mbs for _, m in mb] for mbs in ranks
+    ]
+    own = pack_first_fit_decreasing(samples[1], limit)
+    replicas = replica_microbatches(metadata, own, pack_limit=limit)
+    assert replicas == [pack_first_fit_decreasing(s, limit) for s in samples]
+    assert [len(r) for r in replicas] != [len(mbs) for mbs in ranks]  # the packing cut anew
+    for replica in replicas:
+        assert all(sum(m.llm_tokens for m in mb) <= limit for mb in replica)
+
+
 def _predicted(predictor, rank_microbatches, iteration: int):
     """The last rank's prediction of ``iteration`` with every replica's metadata, and with its
     own replica alone; and both ranks' (stream index, metadata) microbatches."""

@@ -139,11 +139,12 @@ def _ids(microbatches) -> list[list[str]]:
     return [[s.sample_id for s in mb] for mb in microbatches]
 
 
-@pytest.mark.parametrize("iteration", [0, 3])
-def test_phase_balanced_microbatches_are_the_trainers(iteration):
-    """PP = 1, DP = 4: each rank's encoder units and LLM microbatches are the trainer's."""
+@pytest.mark.parametrize("iteration,packed", [(0, False), (3, False), (3, True)])
+def test_phase_balanced_microbatches_are_the_trainers(iteration, packed):
+    """PP = 1, DP = 4: each rank's encoder units and LLM microbatches are the trainer's (with
+    ``--pack-sequences``, the fewest LLM microbatches within the packing limit)."""
     dp = 4
-    loaded = run_from_flags(flag_argv(set_flags(FLAGS)), dp)
+    loaded = run_from_flags(flag_argv(set_flags({**FLAGS, "pack-sequences": packed})), dp)
     semu = Semu(loaded.semu, _cluster(dp))
     _, batches, info = semu_balance.phase_balanced_step(
         semu, loaded, None, workload=None, seed=None, token_scale=None, iteration=iteration,
@@ -152,7 +153,7 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
     assert info["replicas_simulated"] == dp
     gathered, dispatchers = _trainer_batches(loaded, dp, iteration)
     cost_model = CostModel.build(loaded.model.shape(), None)
-    moved = False
+    moved, counts = False, []
     for d in range(dp):
         md = gathered[d].metadata
         step = PhaseBalancedStep(loaded.run, loaded.model, dispatchers[d], cost_model, None,
@@ -162,8 +163,8 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         llm = plan.phase("llm")
         mine = llm.dispatch.dst_items(d)
         samples = [(int(llm.items.sample[i]), None, None) for i in mine.tolist()]
-        mb_plan = step.form_microbatches(llm.costs[mine], llm.items.tokens[mine],
-                                         loaded.run.num_microbatches, samples, md.sample_ids)  # fmt: skip
+        mb_plan = step.llm_microbatches(plan, samples, md.sample_ids)
+        counts.append(len(mb_plan.microbatches))
         # The step runs them around the exchanges: those needing other ranks' encoder outputs
         # between the two halves of the others.
         home = plan.home_samples(d)
@@ -189,6 +190,8 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration):
         for mb, metas in zip(batches.microbatches[d], batches.samples[d]):
             assert mb.real_tokens == sum(s.llm_tokens for s in metas)
     assert moved  # balancing moved samples: the comparison is not of the loader's order
+    # Packed, every rank's LLM samples fit one microbatch here; else Megatron's count each.
+    assert counts == [1 if packed else loaded.run.num_microbatches] * dp
 
 
 @pytest.mark.parametrize("schedule", ["dynamic", "1f1b"])
@@ -208,7 +211,7 @@ def test_sample_balanced_microbatches_are_the_trainers(schedule):
     assert mbs == batches.microbatches and len(schedules) == dp
     gathered, dispatchers = _trainer_batches(loaded, dp, iteration)
     cost_model = CostModel.build(loaded.model.shape(), None)
-    moved = False
+    moved, counts = False, []
     for d in range(dp):
         md = gathered[d].metadata
         engine = PackedStep(None, None, "engine")

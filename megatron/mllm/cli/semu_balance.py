@@ -131,6 +131,7 @@ def setup_of(loaded) -> PostBalanceSetup:
         gpus_per_node=group_ranks_per_node(dp_ranks, b.gpus_per_node) or 1,
         node_wise=b.node_wise_a2a,
         overlap=b.overlap_exchanges,
+        pack_sequences=loaded.run.workload.pack_sequences,
     )
 
 

@@ -136,7 +136,9 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
                                     with_features=with_features, max_pad_run=run.seq_length,
                                     chat_turns=chat_turns)  # fmt: skip
 
-        return PackedStep(engine, pack, engine.__name__, padded_length=pad_to)
+        pack_limit = run.packing_limit if run.workload.pack_sequences else None
+        return PackedStep(engine, pack, engine.__name__, padded_length=pad_to,
+                          pack_limit=pack_limit)  # fmt: skip
     config = mllm.language
     name = run.pipeline.pipeline_schedule
     memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE

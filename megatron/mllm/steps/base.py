@@ -34,6 +34,7 @@ from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
+from orchestration.packing import first_fit_decreasing
 from orchestration.plan_job import PlanJob, PlanResult
 from orchestration.plan_share import PlanShare
 
@@ -98,6 +99,10 @@ class TrainingStep:
     padded_length: int | None = None
     """The fixed length every microbatch is padded to, or None when the step packs without
     padding (it decides what the loader's assignment would have cost)."""
+
+    pack_limit: int | None = None
+    """``--pack-sequences``: the LLM tokens the step's Megatron microbatches were packed to
+    (each rank's samples first-fit decreasing), or None: the loader's microbatches."""
 
     timers: StepTimers = NULL_TIMERS
     """Where the step reports its time (the run's timers; see ``megatron.mllm.timers``)."""
@@ -189,7 +194,7 @@ class PackedStep(TrainingStep):
 
     def __init__(self, engine: Callable[..., list], pack: Callable[[list], Any], schedule: str,
                  padded_length: int | None = None, runtime: Any = None,
-                 schedules: Any = None):  # fmt: skip
+                 schedules: Any = None, pack_limit: int | None = None):  # fmt: skip
         """Args:
         engine: a ``forward_backward_func`` over packed microbatches.
         pack: ``(metadata, payload)`` pairs -> one packed microbatch.
@@ -200,6 +205,9 @@ class PackedStep(TrainingStep):
         schedules: the runtime's searched schedules
             (:class:`~megatron.mllm.steps.schedule_ahead.SearchedSchedules`), when the dynamic
             pipeline searches; it gets the next iteration's samples before each step.
+        pack_limit: ``--pack-sequences``: the rank's samples of an iteration go first-fit
+            decreasing into microbatches of at most this many LLM tokens (Megatron-LM's packed
+            sequences) instead of the loader's microbatches; None: the loader's.
         """
         super().__init__()
         self.engine = engine
@@ -208,16 +216,22 @@ class PackedStep(TrainingStep):
         self.padded_length = padded_length
         self.runtime = runtime
         self.schedules = schedules
+        self.pack_limit = pack_limit
 
     def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
         loaded = take(data_iterator, num_microbatches)
-        self.last_samples = [[s.meta for s in mb.samples] for mb in loaded]
+        groups = [mb.pairs() for mb in loaded]
+        if self.pack_limit is not None:
+            pairs = [pair for group in groups for pair in group]
+            bins = first_fit_decreasing([meta.llm_tokens for meta, _ in pairs], self.pack_limit)
+            groups = [[pairs[i] for i in b] for b in bins]
+        self.last_samples = [[meta for meta, _ in group] for group in groups]
         self.last_metadata = loaded[0].batch.metadata if loaded else None
         if self.schedules is not None:
             self.schedules.prepare(loaded[0].batch.next_microbatches if loaded else None)
         with self.timers.span("pack"):
-            microbatches = [self.pack(mb.pairs()) for mb in loaded]
+            microbatches = [self.pack(group) for group in groups]
         self.forward_starts()
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
 

@@ -56,7 +56,7 @@ from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.exchange_cost import PayloadBytes
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
-from orchestration.microbatches import overlap_order
+from orchestration.microbatches import MicrobatchPlan, fewest_llm_microbatches, overlap_order
 from orchestration.phase_plan import IterationPlan, plan_iteration
 
 
@@ -108,6 +108,8 @@ class PhaseBalancedStep(BalancedStep):
         self.num_microbatches = 0
         """The step's microbatch count (of the latest call): the LLM phase leaves every rank at
         least as many samples, so that all run as many microbatches (0 before the first)."""
+        self.pack_sequences = run.workload.pack_sequences
+        """``--pack-sequences``: the LLM microbatches are the fewest within the packing limit."""
         b = run.balance
         tp = getattr(pg_collection, "tp", None)
         if tp is not None and dist.get_world_size(tp) > 1:
@@ -147,8 +149,9 @@ class PhaseBalancedStep(BalancedStep):
         """``plan_iteration`` over the balanced phases; a phase whose predicted gain does not pay
         for its exchanges (once the fits give seconds) keeps the loader's assignment."""
         b = self.balance
+        fewest = fewest_llm_microbatches(self.num_microbatches, self.pack_sequences)
         kwargs = dict(phases=b.balance_phases, gpus_per_node=self.dispatcher.gpus_per_node,
-                      budget=DEFAULT_BUDGET, min_llm_samples=self.num_microbatches)  # fmt: skip
+                      budget=DEFAULT_BUDGET, min_llm_samples=fewest)  # fmt: skip
         return plan_iteration, kwargs, {"budget": FITTED_BUDGET}
 
     def log_note(self) -> str | None:
@@ -216,16 +219,8 @@ class PhaseBalancedStep(BalancedStep):
             inputs, samples = self._exchange_inputs(plan, batch.metadata, local)
             self.forward_starts()
             outputs = self._encoder_phases(plan, encoders, inputs, forward_only)
-            llm = plan.phase("llm")
-            mine = llm.dispatch.dst_items(me)
             with self.timers.span("microbatches"):
-                mb_plan = self.form_microbatches(
-                    llm.costs[mine],
-                    llm.items.tokens[mine],
-                    num_microbatches,
-                    samples,
-                    batch.metadata.sample_ids,
-                )
+                mb_plan = self.llm_microbatches(plan, samples, batch.metadata.sample_ids)
             stats.num_microbatches = mb_plan.num_microbatches
             chosen = [[samples[j] for j in mb] for mb in mb_plan.microbatches]
             home = plan.home_samples(me)
@@ -282,6 +277,18 @@ class PhaseBalancedStep(BalancedStep):
         stats.bytes_moved = disp.bytes_moved
         self.balance_stats = stats
         return losses
+
+    def llm_microbatches(self, plan: IterationPlan, samples, sample_ids) -> MicrobatchPlan:
+        """This LLM worker's ``(sample, meta, payload)`` list (the plan's destination order)
+        cut into microbatches balanced in cost within the packing limit: at least the step's
+        count, or with ``--pack-sequences`` as few as the limit allows
+        (:func:`~orchestration.microbatches.fewest_llm_microbatches`)."""
+        llm = plan.phase("llm")
+        mine = llm.dispatch.dst_items(self.dispatcher.rank)
+        fewest = fewest_llm_microbatches(self.num_microbatches, self.pack_sequences)
+        return self.form_microbatches(
+            llm.costs[mine], llm.items.tokens[mine], fewest, samples, sample_ids
+        )
 
     def _exchange_inputs(self, plan: IterationPlan, metadata, local):
         """The first hop, one all-to-all: every encoder's inputs to its encoder-phase workers
