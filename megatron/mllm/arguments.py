@@ -228,11 +228,6 @@ def check_layout(args: argparse.Namespace) -> None:
         )
     if cp != 1:
         raise ConfigError("--context-parallel-size > 1 is not supported by OrchWeave yet")
-    if getattr(args, "pack_sequences", False) and pp > 1:
-        raise ConfigError(
-            f"--pack-sequences with --pipeline-model-parallel-size {pp}: packed sequences are "
-            "supported with PP = 1 only yet (a pipeline runs one fixed microbatch shape)"
-        )
     if args.num_layers % pp != 0 and args.pipeline_schedule == "megatron":
         raise ConfigError(
             f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size "

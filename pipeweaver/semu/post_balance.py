@@ -88,8 +88,9 @@ class PostBalanceSetup:
     (``--no-overlap-exchanges``: False)."""
 
     pack_sequences: bool = False
-    """``--pack-sequences``: the LLM phase cuts each rank's samples into the fewest microbatches
-    within the packing limit (else at least the baseline's count)."""
+    """``--pack-sequences``: each rank (PP = 1: its LLM phase) or DP group (PP > 1) cuts its
+    samples into the fewest microbatches within the packing limit, else into at least the
+    baseline's count."""
 
     exchange: ExchangeCost | None = None
     """The gain-versus-exchange check of the per-phase plan: a phase keeps the ordinary
@@ -205,9 +206,8 @@ def sample_balanced_batches(
     for g in range(plan.num_groups):
         mine = route.dst_items(g)
         members = [int(plan.items.sample[i]) for i in mine.tolist()]
-        groups = _form(
-            metadata, plan.costs[mine], plan.items.tokens[mine], members, num_microbatches, setup
-        )
+        fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
+        groups = _form(metadata, plan.costs[mine], plan.items.tokens[mine], members, fewest, setup)
         metas = [[meta_of(s) for s in mb] for mb in groups]
         grouped.append(metas)
         mbs.append([pack(mb) for mb in metas])

@@ -82,6 +82,8 @@ def world2(tmp_path_factory, references, workload_dir):
         # packing limit, and the balanced LLM phase in the fewest microbatches within it.
         "dp2-packed": ["--pack-sequences"],
         "dp2-balanced-packed": [*BALANCED, "--pack-sequences"],
+        "pp2-megatron-packed": ["--pipeline-model-parallel-size", "2", "--pack-sequences"],
+        "pp2-dynamic-packed": [*DYNAMIC, "--pack-sequences"],
         "pp2-1f1b": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "1f1b"],
         # Receives posted each ahead of its send (NCCL's default; gloo's posts them all first).
         "pp2-interleaved": ["--pipeline-model-parallel-size", "2", "--pipeline-schedule",
@@ -124,6 +126,7 @@ def world4(tmp_path_factory, references):
         "dp4-kk-node-wise": ["--post-balance", "kk", "--node-wise-a2a", "--gpus-per-node", "2"],
         "dp2-pp2-whole-samples": [*BALANCED, "--pipeline-model-parallel-size", "2"],
         "dp2-pp2-whole-samples-dynamic": [*BALANCED, *DYNAMIC],
+        "dp2-pp2-whole-samples-packed": [*BALANCED, *DYNAMIC, "--pack-sequences"],
         # --overlap-grad-reduce in small buckets: megatron-core's 1F1B and the runtime each
         # declare a chunk's gradients final after its last backward (megatron.mllm.grad_overlap).
         "dp2-pp2-whole-samples-overlap": [*BALANCED, "--pipeline-model-parallel-size", "2",

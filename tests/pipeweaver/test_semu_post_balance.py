@@ -194,13 +194,15 @@ def test_phase_balanced_microbatches_are_the_trainers(iteration, packed):
     assert counts == [1 if packed else loaded.run.num_microbatches] * dp
 
 
-@pytest.mark.parametrize("schedule", ["dynamic", "1f1b"])
-def test_sample_balanced_microbatches_are_the_trainers(schedule):
-    """PP = 2, DP = 2: each DP group's microbatches are the trainer's whole-sample plan's."""
+@pytest.mark.parametrize(
+    "schedule,packed", [("dynamic", False), ("1f1b", False), ("dynamic", True)]
+)
+def test_sample_balanced_microbatches_are_the_trainers(schedule, packed):
+    """PP = 2, DP = 2: each DP group's microbatches are the trainer's whole-sample plan's (with
+    ``--pack-sequences``, the fewest within the packing limit)."""
     dp, pp, iteration = 2, 2, 1
-    loaded = run_from_flags(
-        flag_argv(set_flags({**FLAGS, "pipeline-model-parallel-size": pp})), dp * pp
-    )
+    flags = {**FLAGS, "pipeline-model-parallel-size": pp, "pack-sequences": packed}
+    loaded = run_from_flags(flag_argv(set_flags(flags)), dp * pp)
     semu = Semu(loaded.semu, _cluster(dp * pp))
     held: dict = {}
     balance = semu_balance.sample_balancer(semu, loaded, None, iteration, held)
@@ -214,15 +216,20 @@ def test_sample_balanced_microbatches_are_the_trainers(schedule):
     moved, counts = False, []
     for d in range(dp):
         md = gathered[d].metadata
-        engine = PackedStep(None, None, "engine")
+        engine = PackedStep(
+            None, None, "engine", pack_limit=loaded.run.packing_limit if packed else None
+        )
         step = SampleBalancedStep(engine, loaded.run, loaded.model, dispatchers[d], cost_model,
                                   None, False, torch.device("cpu"))  # fmt: skip
         plan = step.plan_for(md)
         want = step.group_microbatches(plan, md, loaded.run.num_microbatches)
         assert _ids(batches.samples[d]) == _ids(want)
+        counts.append(len(want))
         assert schedules[d].structure == structure_of(mbs[d], list(loaded.semu.shape.encoders))
         moved |= plan.dispatch.moved_items > 0
     assert moved
+    # Packed, each group's samples fit fewer microbatches than Megatron's count.
+    assert (max(counts) < loaded.run.num_microbatches) == packed, counts
     result = semu.simulate_step(schedules, mbs, start_delay=batches.exchange_s)
     assert result.breakdown["a2a"] == pytest.approx(max(batches.exchange_s))
     assert max(batches.exchange_s) > 0

@@ -82,6 +82,12 @@ SOURCES = ("searched", "missed", "in-step", "guard", "greedy")
 COMMON = ["--pipeline-model-parallel-size", "2", "--post-balance", "none"]
 VARIANTS = {
     "megatron": ["--pipeline-schedule", "megatron"],
+    # Megatron-LM's packed sequences (--pack-sequences): each pipeline's samples first-fit
+    # decreasing into fixed-length sequences, fewer microbatches padded far less: the strong
+    # baseline on short samples; and the runtime's greedy order on the same packed microbatches.
+    "megatron-packed": ["--pipeline-schedule", "megatron", "--pack-sequences"],
+    "greedy-packed": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0",
+                      "--pack-sequences"],  # fmt: skip
     "1f1b": ["--pipeline-schedule", "1f1b"],
     "greedy": ["--pipeline-schedule", "dynamic", "--schedule-search-budget-ms", "0"],
     # The runtime's receives posted each ahead of its send (NCCL's default) instead of all at

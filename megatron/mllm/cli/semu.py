@@ -346,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 held["balance"] = semu_balance.sample_balancer(
                     semu, loaded, calibration, args.iteration, held
                 )
-            elif args.pad == "packed":
+            elif args.pad == "packed" or loaded.run.workload.pack_sequences:
+                # The trainer's --pack-sequences is Megatron's packed baseline.
                 held["balance"] = semu_balance.packed_baseline(semu, spec, args.iteration)
             schedules, mbs, info = build_step(
                 spec,

@@ -136,9 +136,8 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
                                     with_features=with_features, max_pad_run=run.seq_length,
                                     chat_turns=chat_turns)  # fmt: skip
 
-        pack_limit = run.packing_limit if run.workload.pack_sequences else None
         return PackedStep(engine, pack, engine.__name__, padded_length=pad_to,
-                          pack_limit=pack_limit)  # fmt: skip
+                          pack_limit=_pack_limit(run))  # fmt: skip
     config = mllm.language
     name = run.pipeline.pipeline_schedule
     memory = Memory.RECOMPUTE if run.pipeline.pipeline_recompute == "all" else Memory.NONE
@@ -198,7 +197,12 @@ def _engine(run, mllm, model: PlacedModel, pg_collection, device, calibration,
     elif name == "dynamic":
         schedule += f", greedy order ({why})"
     return PackedStep(runtime.forward_backward, pack, schedule, runtime=runtime,
-                      schedules=searched)  # fmt: skip
+                      schedules=searched, pack_limit=_pack_limit(run))  # fmt: skip
+
+
+def _pack_limit(run) -> int | None:
+    """The tokens of one packed sequence with ``--pack-sequences``, else None."""
+    return run.packing_limit if run.workload.pack_sequences else None
 
 
 def _search_guard(pipeline) -> MeasuredGuard | AlternatingArms | None:

@@ -221,19 +221,28 @@ class PackedStep(TrainingStep):
     def __call__(self, *, data_iterator, num_microbatches: int, seq_length: int | None = None,
                  micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
         loaded = take(data_iterator, num_microbatches)
-        groups = [mb.pairs() for mb in loaded]
-        if self.pack_limit is not None:
-            pairs = [pair for group in groups for pair in group]
-            bins = first_fit_decreasing([meta.llm_tokens for meta, _ in pairs], self.pack_limit)
-            groups = [[pairs[i] for i in b] for b in bins]
+        groups = self.packed([mb.pairs() for mb in loaded], lambda pair: pair[0])
         self.last_samples = [[meta for meta, _ in group] for group in groups]
         self.last_metadata = loaded[0].batch.metadata if loaded else None
         if self.schedules is not None:
-            self.schedules.prepare(loaded[0].batch.next_microbatches if loaded else None)
+            following = loaded[0].batch.next_microbatches if loaded else None
+            if following is not None:
+                following = self.packed(following, lambda meta: meta)
+            self.schedules.prepare(following)
         with self.timers.span("pack"):
             microbatches = [self.pack(group) for group in groups]
         self.forward_starts()
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
+
+    def packed(self, microbatches: list[list], meta_of: Callable[[Any], Any]) -> list[list]:
+        """The loader's ``microbatches`` (of samples, or of ``(meta, payload)`` pairs: ``meta_of``
+        gives a sample's metadata) as the engine runs them: as they are, or with ``--pack-sequences``
+        every sample first-fit decreasing into sequences of at most :attr:`pack_limit` tokens."""
+        if self.pack_limit is None:
+            return microbatches
+        samples = [s for mb in microbatches for s in mb]
+        bins = first_fit_decreasing([meta_of(s).llm_tokens for s in samples], self.pack_limit)
+        return [[samples[i] for i in b] for b in bins]
 
     def run_packed(self, microbatches: list, *, seq_length: int | None = None,
                    micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
