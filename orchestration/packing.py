@@ -7,7 +7,9 @@ microbatches and sub-microbatches with these rules, so they live here, below bot
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def microbatch_indices(
@@ -50,6 +52,12 @@ def first_fit_decreasing(sizes: Sequence[int], limit: int) -> list[list[int]]:
             bins.append([i])
             room.append(limit - sizes[i])
     return bins
+
+
+def pack_sequences(items: Sequence[T], size_of: Callable[[T], int], limit: int) -> list[list[T]]:
+    """``items`` in sequences of at most ``limit`` (``size_of`` each), :func:`first_fit_decreasing`."""
+    bins = first_fit_decreasing([size_of(x) for x in items], limit)
+    return [[items[i] for i in b] for b in bins]
 
 
 def padding_runs(packed: int, pad_to: int | None, max_run: int) -> list[int]:

@@ -31,7 +31,7 @@ from megatron.mllm.config import MLLMConfig
 from megatron.mllm.config_files import semu_model_spec
 from megatron.mllm.partitioning import sub_microbatch_units
 from orchestration.calibration import Calibration
-from orchestration.packing import first_fit_decreasing
+from orchestration.packing import pack_sequences
 from orchestration.workload import SampleMeta
 from pipeweaver.generators import generate
 from pipeweaver.placement import Placement
@@ -115,8 +115,7 @@ def replica_microbatches(metadata, own: Sequence[Sequence[SampleMeta]],
             return None
         metas = [metadata.sample_meta(s) for s in indices]
         if pack_limit is not None:
-            bins = first_fit_decreasing([m.llm_tokens for m in metas], pack_limit)
-            replicas.append([[metas[i] for i in b] for b in bins])
+            replicas.append(pack_sequences(metas, lambda m: m.llm_tokens, pack_limit))
             continue
         it = iter(metas)
         replicas.append([[next(it) for _ in range(n)] for n in sizes])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from orchestration.packing import first_fit_decreasing, microbatch_indices
+from orchestration.packing import microbatch_indices, pack_sequences
 from orchestration.workload import SampleMeta
 from pipeweaver.semu.batches import MicrobatchMeta
 
@@ -38,8 +38,7 @@ def pack_first_fit_decreasing(samples: Sequence[SampleMeta], limit: int) -> list
             f"sample {longest.sample_id!r} has {longest.llm_tokens} LLM tokens, more than a "
             f"packed sequence of {limit}"
         )
-    bins = first_fit_decreasing([s.llm_tokens for s in samples], limit)
-    return [[samples[i] for i in b] for b in bins]
+    return pack_sequences(samples, lambda s: s.llm_tokens, limit)
 
 
 def packed_batches(

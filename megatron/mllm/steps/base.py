@@ -34,7 +34,7 @@ from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
 from orchestration.microbatches import MicrobatchPlan, form_microbatches
-from orchestration.packing import first_fit_decreasing
+from orchestration.packing import pack_sequences
 from orchestration.plan_job import PlanJob, PlanResult
 from orchestration.plan_share import PlanShare
 
@@ -241,8 +241,7 @@ class PackedStep(TrainingStep):
         if self.pack_limit is None:
             return microbatches
         samples = [s for mb in microbatches for s in mb]
-        bins = first_fit_decreasing([meta_of(s).llm_tokens for s in samples], self.pack_limit)
-        return [[samples[i] for i in b] for b in bins]
+        return pack_sequences(samples, lambda s: meta_of(s).llm_tokens, self.pack_limit)
 
     def run_packed(self, microbatches: list, *, seq_length: int | None = None,
                    micro_batch_size: int | None = None, **kwargs) -> list:  # fmt: skip
