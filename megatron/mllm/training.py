@@ -431,6 +431,7 @@ class Trainer:
             m["unit"] = balanced.unit
             m["decisions"] = balanced.decisions
             m["balanced"] = balanced.balanced
+            m["as_loaded"] = balanced.as_loaded
             if balanced.guard_gain is not None:
                 m["balance_guard_gain"] = balanced.guard_gain
         searched = self.step.schedule_record()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from equivalence import TINY, assert_equivalent, variable_workload
-from launch import REPO, free_port, ranks
+from launch import REPO, free_port, ranks, train_runs
 
 pytestmark = pytest.mark.multiproc
 
@@ -92,3 +92,35 @@ def test_an_item_larger_than_its_cap_stops_every_rank_naming_flag_and_sizes(tmp_
     assert lines[0] == lines[1]
     assert lines[0].startswith("error: --post-balance-token-caps vision=50: "), lines[0]
     assert re.search(culprit, lines[0]), lines[0]
+
+
+# Every rank loads the same shapes (DP=2, 2 samples per microbatch: rank 0 loads samples 0, 1,
+# 4, 5, rank 1 samples 2, 3, 6, 7, each the twin of one of rank 0's): every phase is balanced as
+# loaded.
+ALIKE_JSONL = """\
+{"id": "a0", "text_tokens": 20, "image": [{"units": [16, 16], "llm_tokens": 8}]}
+{"id": "a1", "text_tokens": 30}
+{"id": "b0", "text_tokens": 20, "image": [{"units": [16, 16], "llm_tokens": 8}]}
+{"id": "b1", "text_tokens": 30}
+{"id": "a2", "text_tokens": 5, "image": [{"units": [64], "llm_tokens": 16}], \
+"audio": [{"units": [47, 47], "llm_tokens": 20}]}
+{"id": "a3", "text_tokens": 12}
+{"id": "b2", "text_tokens": 5, "image": [{"units": [64], "llm_tokens": 16}], \
+"audio": [{"units": [47, 47], "llm_tokens": 20}]}
+{"id": "b3", "text_tokens": 12}
+"""
+
+
+def test_a_packed_plan_that_keeps_every_phase_home_runs_megatrons_step(tmp_path):
+    # Nothing would move, so the balanced step hands the iteration to Megatron's packed step:
+    # the very losses and gradient norms of --post-balance none, every iteration.
+    path = tmp_path / "alike.jsonl"
+    path.write_text(ALIKE_JSONL)
+    data = [*TINY, "--workload", str(path), "--workload-token-scale", "1", "--pack-sequences",
+            "--train-iters", "3"]  # fmt: skip
+    runs = train_runs(tmp_path, {"balanced": [*data, "--post-balance", "auto"], "megatron": data})
+    balanced, megatron = runs["balanced"], runs["megatron"]
+    assert [r["as_loaded"] for r in balanced] == [True, True, True]
+    assert [r["moved_fraction"] for r in balanced] == [{"vision": 0, "audio": 0, "llm": 0}] * 3
+    for a, b in zip(balanced, megatron, strict=True):
+        assert (a["lm_loss"], a["grad_norm"]) == (b["lm_loss"], b["grad_norm"])

@@ -71,8 +71,7 @@ class BalanceStats:
     """Unit of the loads: ``flops``, or ``seconds`` with a calibrated cost model."""
 
     plan_source: str = "step"
-    """Where the plan was made: ``step`` (on the critical path) or ``ahead`` (in the
-    background thread, while the previous iteration ran)."""
+    """Where the plan was made: ``step`` (critical path) or ``ahead`` (planning worker)."""
 
     plan_background_s: float = 0.0
     """Seconds the background thread spent on the plan (0 when made in the step)."""
@@ -87,6 +86,9 @@ class BalanceStats:
     balanced: bool = True
     """False: the balance guard ran this iteration as Megatron would, with its assignment and
     its step (``--post-balance-guard-interval``)."""
+
+    as_loaded: bool = False
+    """The plan kept every phase home, so Megatron's packed step ran it (``--pack-sequences``)."""
 
     guard_gain: float | None = None
     """The balance guard's latest measured gain of balancing over Megatron's step (None before
