@@ -98,7 +98,8 @@ class PhaseBalancedStep(BalancedStep):
         microbatches mask the loss by (``--prompt-format chat``; None: no masking), and
         ``fallback``, Megatron's own step (``--post-balance none``): with it and
         ``--post-balance-guard-interval`` > 0, the guard measures balancing against it in the
-        run and runs it where balancing does not pay."""
+        run and runs it where balancing does not pay; packed, it also runs the iterations
+        whose plan keeps every phase home (:meth:`runs_as_loaded`)."""
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.pg_collection = pg_collection
         self.chat_turns = chat_turns
