@@ -131,11 +131,11 @@ def form_microbatches(
 
 
 def fewest_llm_microbatches(num_microbatches: int, pack_sequences: bool) -> int:
-    """The fewest microbatches a per-phase balanced rank cuts its LLM samples into, and so the
-    fewest samples the LLM phase leaves it: Megatron's count, so that every rank runs as many
-    (each microbatch costs a per-call overhead that the plan does not see); with packed
-    sequences (``--pack-sequences``) one, the packing limit adding as many as it needs, as
-    first-fit decreasing packs Megatron's step."""
+    """The fewest microbatches a balanced rank (PP = 1: its LLM phase) or DP group (PP > 1)
+    cuts its samples into, and so the fewest LLM samples the per-phase plan leaves a rank:
+    Megatron's count, so that every rank runs as many (each microbatch costs a per-call
+    overhead that the plan does not see); with packed sequences (``--pack-sequences``) one, the
+    packing limit adding as many as it needs, as first-fit decreasing packs Megatron's step."""
     return 1 if pack_sequences else int(num_microbatches)
 
 

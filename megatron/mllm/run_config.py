@@ -56,10 +56,10 @@ class WorkloadConfig:
     samples truncated or dropped over all data-parallel ranks."""
 
     pack_sequences: bool = False
-    """PP = 1: Megatron-LM's packed sequences (the strong baseline): each DP rank's samples of
-    an iteration packed first-fit decreasing into microbatches of at most --micro-batch-size x
-    --seq-length LLM tokens, not --micro-batch-size samples each; with --post-balance the LLM
-    phase forms the fewest microbatches within that limit too."""
+    """Megatron-LM's packed sequences (the strong baseline): each DP rank's samples of an
+    iteration packed first-fit decreasing into microbatches of at most --micro-batch-size x
+    --seq-length LLM tokens, not --micro-batch-size samples each; with --post-balance each
+    rank's LLM phase (PP=1) or DP group (PP>1) forms the fewest microbatches within that limit."""
 
     prompt_format: Literal["caption", "chat"] = "caption"
     """Real data (--data-path): the text template. caption: <s> TEXT </s>, a caption's item

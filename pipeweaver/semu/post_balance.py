@@ -203,10 +203,10 @@ def sample_balanced_batches(
     plan = plan_whole_samples(metadata, cost_model, algorithm=setup.algorithm, caps=setup.caps)
     route = plan.dispatch
     grouped, mbs = [], []
+    fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
     for g in range(plan.num_groups):
         mine = route.dst_items(g)
         members = [int(plan.items.sample[i]) for i in mine.tolist()]
-        fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
         groups = _form(metadata, plan.costs[mine], plan.items.tokens[mine], members, fewest, setup)
         metas = [[meta_of(s) for s in mb] for mb in groups]
         grouped.append(metas)
@@ -248,6 +248,7 @@ def phase_balanced_batches(
     Raises:
         InfeasibleCapError: a cap, or the packing limit, cannot be met (names the sample).
     """
+    fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
     plan = plan_iteration(
         metadata,
         cost_model,
@@ -257,7 +258,7 @@ def phase_balanced_batches(
         gpus_per_node=setup.gpus_per_node,
         exchange=setup.exchange if cost_model.unit == "seconds" else None,
         budget=budget,
-        min_llm_samples=fewest_llm_microbatches(num_microbatches, setup.pack_sequences),
+        min_llm_samples=fewest,
     )
     meta_of = metadata.sample_meta if samples is None else samples.__getitem__
     llm = plan.phase("llm")
@@ -266,7 +267,6 @@ def phase_balanced_batches(
     for d in range(R):
         mine = llm.dispatch.dst_items(d)
         members = [int(llm.items.sample[i]) for i in mine.tolist()]
-        fewest = fewest_llm_microbatches(num_microbatches, setup.pack_sequences)
         groups = _form(metadata, llm.costs[mine], llm.items.tokens[mine], members, fewest, setup)
         # The trainer's order: microbatches needing no other rank's encoder outputs around
         # those that do, so that the exchanges run beside them.

@@ -33,7 +33,7 @@ from orchestration.cost_feedback import CostFeedback
 from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, MeasuredGuard
-from orchestration.microbatches import MicrobatchPlan, form_microbatches
+from orchestration.microbatches import MicrobatchPlan, fewest_llm_microbatches, form_microbatches
 from orchestration.packing import pack_sequences
 from orchestration.plan_job import PlanJob, PlanResult
 from orchestration.plan_share import PlanShare
@@ -228,19 +228,18 @@ class PackedStep(TrainingStep):
         self.last_metadata = loaded[0].batch.metadata if loaded else None
         if self.schedules is not None:
             following = loaded[0].batch.next_microbatches if loaded else None
-            if following is not None:
-                following = self.packed(following, lambda meta: meta)
-            self.schedules.prepare(following)
+            self.schedules.prepare(self.packed(following, lambda meta: meta))
         with self.timers.span("pack"):
             microbatches = [self.pack(group) for group in groups]
         self.forward_starts()
         return self.run_packed(microbatches, seq_length=seq_length, **kwargs)
 
-    def packed(self, microbatches: list[list], meta_of: Callable[[Any], Any]) -> list[list]:
+    def packed(self, microbatches: list[list] | None,
+               meta_of: Callable[[Any], Any]) -> list[list] | None:  # fmt: skip
         """The loader's ``microbatches`` (of samples, or of ``(meta, payload)`` pairs: ``meta_of``
-        gives a sample's metadata) as the engine runs them: as they are, or with ``--pack-sequences``
-        every sample first-fit decreasing into sequences of at most :attr:`pack_limit` tokens."""
-        if self.pack_limit is None:
+        gives a sample's metadata; None: none) as the engine runs them: as they are, or with
+        ``--pack-sequences`` first-fit decreasing into sequences of :attr:`pack_limit` tokens."""
+        if self.pack_limit is None or microbatches is None:
             return microbatches
         samples = [s for mb in microbatches for s in mb]
         return pack_sequences(samples, lambda s: meta_of(s).llm_tokens, self.pack_limit)
@@ -300,6 +299,7 @@ class BalancedStep(TrainingStep):
         self.balance = run.balance
         self.algorithm = BALANCE_ALGORITHMS[run.balance.post_balance]
         self.packing_limit = run.packing_limit
+        self.pack_sequences = run.workload.pack_sequences
         self.mllm = mllm
         self.dispatcher = dispatcher
         self.cost_model = cost_model
@@ -573,14 +573,12 @@ class BalancedStep(TrainingStep):
     def form_microbatches(self, costs: np.ndarray, tokens: np.ndarray, num_microbatches: int,
                           samples, sample_ids) -> MicrobatchPlan:  # fmt: skip
         """This rank's ``(sample, meta, payload)`` list cut into microbatches balanced in cost
-        within the packing limit; errors name the sample."""
-        return form_microbatches(
-            costs,
-            tokens,
-            num_microbatches,
-            self.packing_limit,
-            labels=[f"sample {sample_ids[s]!r}" for s, _, _ in samples],
-        )
+        within the packing limit: at least the step's ``num_microbatches``, or with
+        ``--pack-sequences`` as few as the limit allows (``fewest_llm_microbatches``); errors
+        name the sample."""
+        fewest = fewest_llm_microbatches(num_microbatches, self.pack_sequences)
+        labels = [f"sample {sample_ids[s]!r}" for s, _, _ in samples]
+        return form_microbatches(costs, tokens, fewest, self.packing_limit, labels=labels)
 
 
 def _split_control(control: list[np.ndarray] | None):

@@ -109,8 +109,6 @@ class PhaseBalancedStep(BalancedStep):
         self.num_microbatches = 0
         """The step's microbatch count (of the latest call): the LLM phase leaves every rank at
         least as many samples, so that all run as many microbatches (0 before the first)."""
-        self.pack_sequences = run.workload.pack_sequences
-        """``--pack-sequences``: the LLM microbatches are the fewest within the packing limit."""
         b = run.balance
         tp = getattr(pg_collection, "tp", None)
         if tp is not None and dist.get_world_size(tp) > 1:
@@ -303,14 +301,11 @@ class PhaseBalancedStep(BalancedStep):
 
     def llm_microbatches(self, plan: IterationPlan, samples, sample_ids) -> MicrobatchPlan:
         """This LLM worker's ``(sample, meta, payload)`` list (the plan's destination order)
-        cut into microbatches balanced in cost within the packing limit: at least the step's
-        count, or with ``--pack-sequences`` as few as the limit allows
-        (:func:`~orchestration.microbatches.fewest_llm_microbatches`)."""
+        cut into microbatches (:meth:`form_microbatches`)."""
         llm = plan.phase("llm")
         mine = llm.dispatch.dst_items(self.dispatcher.rank)
-        fewest = fewest_llm_microbatches(self.num_microbatches, self.pack_sequences)
         return self.form_microbatches(
-            llm.costs[mine], llm.items.tokens[mine], fewest, samples, sample_ids
+            llm.costs[mine], llm.items.tokens[mine], self.num_microbatches, samples, sample_ids
         )
 
     def _exchange_inputs(self, plan: IterationPlan, metadata, local):

@@ -24,7 +24,6 @@ from orchestration.cost_model import CostModel
 from orchestration.dispatcher import Dispatcher
 from orchestration.measured_guard import AlternatingArms, taking_turns
 from orchestration.metadata import sample_encoder_tokens
-from orchestration.microbatches import fewest_llm_microbatches
 from orchestration.sample_plan import plan_whole_samples
 
 
@@ -54,9 +53,6 @@ class SampleBalancedStep(BalancedStep):
         super().__init__(run, mllm, dispatcher, cost_model, device)
         self.engine = engine
         self.padded_length = engine.padded_length
-        self.pack_sequences = engine.pack_limit is not None
-        """``--pack-sequences``: each group's microbatches are the fewest within the packing
-        limit, and the guard's unbalanced iterations pack as the engine does."""
         self.pp_group = pp_group
         self.with_features = with_features
         self.equal_over = [g for g in (pp_group, tp_group)
@@ -133,8 +129,7 @@ class SampleBalancedStep(BalancedStep):
         samples = self._samples(plan, metadata, mine, got_tokens, feats)
         with self.timers.span("microbatches"):
             mb_plan = self.form_microbatches(
-                plan.costs[mine], plan.items.tokens[mine],
-                fewest_llm_microbatches(num_microbatches, self.pack_sequences), samples,
+                plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
                 metadata.sample_ids,
             )  # fmt: skip
             microbatches = [
@@ -185,10 +180,7 @@ class SampleBalancedStep(BalancedStep):
         if schedules is None:
             return
         if self._balanced_next == (batch.iteration + 1, False):
-            following = batch.next_microbatches
-            if following is not None:
-                following = self.engine.packed(following, lambda meta: meta)
-            schedules.prepare(following)
+            schedules.prepare(self.engine.packed(batch.next_microbatches, lambda meta: meta))
             return
         waiter = self.ahead.waiter(batch.iteration + 1)
         if waiter is None or batch.next_metadata is None:
@@ -210,8 +202,7 @@ class SampleBalancedStep(BalancedStep):
             s = int(plan.items.sample[item])
             samples.append((s, metadata.sample_meta(s), None))
         mb_plan = self.form_microbatches(
-            plan.costs[mine], plan.items.tokens[mine],
-            fewest_llm_microbatches(num_microbatches, self.pack_sequences), samples,
+            plan.costs[mine], plan.items.tokens[mine], num_microbatches, samples,
             metadata.sample_ids,
         )  # fmt: skip
         return [[samples[i][1] for i in mb] for mb in mb_plan.microbatches]
